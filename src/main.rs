@@ -1,0 +1,50 @@
+//! `memcast`: thin CLI over the memcast libraries. It parses, calls and prints.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+#[derive(Parser)]
+#[command(name = "memcast", version, about = "A GPU memory allocator that looks ahead")]
+struct Cli {
+    /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `memcast_alloc=debug`.
+    #[arg(long, global = true, env = "MEMCAST_LOG", default_value = "warn")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Import, inspect, generate, featurize, export and plot traces.
+    #[command(subcommand)]
+    Trace(cmd::trace::TraceCommand),
+    /// Replay a trace through an allocator policy and report the metrics.
+    Replay(cmd::replay::ReplayArgs),
+    /// Import the bundled traces and show what memcast does with them.
+    Demo(cmd::demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Trace(c) => cmd::trace::run(c),
+        Command::Replay(a) => cmd::replay::run(a),
+        Command::Demo(a) => cmd::demo::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

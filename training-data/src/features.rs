@@ -1,0 +1,1 @@
+//! Step featurizer (being written: see issue 2 / 4).

@@ -1,0 +1,19 @@
+//! `memcast-trace`: the step traces memcast learns from and replays.
+//!
+//! - [`model`]: events, static blocks, tensor metadata ([`Trace`]).
+//! - [`pickle`] + [`snapshot`]: import of PyTorch `torch.cuda.memory._snapshot()` pickles.
+//! - [`native`]: the versioned binary format (optionally zstd) and text export.
+//! - [`stats`]: summary statistics (`memcast trace stats`).
+//! - [`synth`]: synthetic traces from computation graphs, with liveness analysis.
+//! - [`features`]: the step featurizer, one implementation used offline and online.
+
+pub mod error;
+pub mod features;
+pub mod model;
+pub mod synth;
+
+pub use error::TraceError;
+pub use model::{
+    Event, EventKind, SourceSegmentEvent, StaticBlock, StreamId, TensorId, TensorMeta, Trace,
+    TraceMeta,
+};

@@ -1,0 +1,178 @@
+//! The trace model: what every memcast component learns from or replays.
+//!
+//! A [`Trace`] is a list of [`Event`]s over time plus the blocks that were already live
+//! when recording began ([`StaticBlock`]s: parameters, optimizer state, workspaces).
+//! Tensors are named by [`TensorId`], never by address: addresses are reused by the
+//! recording allocator, ids are not.
+//!
+//! Invariants of a well-formed trace (checked by [`Trace::validate`]):
+//! - every `Alloc` has a fresh id (not a static block's, not an earlier alloc's);
+//! - every `Free` and `Access` names an id that is live at that point;
+//! - `time_us` never decreases.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::TraceError;
+
+/// Identifies one tensor for its whole life. Never reused within a trace.
+pub type TensorId = u64;
+
+/// A stream index. `0` is the device's default stream; importers map each distinct
+/// source stream handle to a small dense index in order of first appearance.
+pub type StreamId = u32;
+
+/// One thing that happened, at `time_us` microseconds after the trace's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub time_us: u64,
+    pub kind: EventKind,
+}
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventKind {
+    /// A caller asked for `bytes` (requested, unrounded) on `stream`.
+    Alloc {
+        id: TensorId,
+        bytes: u64,
+        stream: StreamId,
+    },
+    /// The tensor's memory was returned (PyTorch: `free_completed`).
+    Free { id: TensorId },
+    /// A kernel read (or wrote) the live tensor. Only sources that know it emit these.
+    Access { id: TensorId, write: bool },
+    /// A training/inference iteration starts here (or, for the last one, the previous ends).
+    IterationBoundary,
+}
+
+/// A block live before recording began. Part of the trace: replays allocate these first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StaticBlock {
+    pub id: TensorId,
+    pub bytes: u64,
+    pub stream: StreamId,
+}
+
+/// Per-tensor metadata, where the source knows it (synthetic graph traces do).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TensorMeta {
+    pub id: TensorId,
+    /// Requested bytes.
+    pub size: u64,
+    /// The op that produced it (e.g. `layer3.conv2.fwd`).
+    pub producer: Option<String>,
+    /// The ops that read it, in order.
+    pub consumers: Vec<String>,
+    /// Liveness interval as event indices: `[alloc_event, free_event)`; `None` ends
+    /// mean "before the trace" / "still live at the end".
+    pub alloc_event: Option<u64>,
+    pub free_event: Option<u64>,
+    /// Recompute cost in microseconds if the tensor can be recomputed instead of kept.
+    pub recompute_us: Option<u64>,
+}
+
+/// A device segment event of the recording allocator (PyTorch's `segment_alloc` /
+/// `segment_free`). Not demand: kept so that allocator emulations can be validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceSegmentEvent {
+    /// Index of the next demand event in [`Trace::events`] when this happened.
+    pub before_event: u64,
+    pub bytes: u64,
+    pub alloc: bool,
+}
+
+/// Where a trace came from and what it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TraceMeta {
+    /// Short name, e.g. `resnet50_b64_train`.
+    pub name: String,
+    /// `pytorch-snapshot`, `synthetic:<family>`, ...
+    pub source: String,
+    /// Free-form description (workload parameters).
+    pub description: String,
+}
+
+/// A whole trace. See the module docs for the invariants.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Trace {
+    pub meta: TraceMeta,
+    pub static_blocks: Vec<StaticBlock>,
+    pub events: Vec<Event>,
+    /// Empty when the source knows nothing beyond sizes.
+    pub tensors: Vec<TensorMeta>,
+    /// Empty for sources without an allocator of their own.
+    pub source_segments: Vec<SourceSegmentEvent>,
+}
+
+impl Trace {
+    /// Number of iteration boundaries in the trace.
+    pub fn boundaries(&self) -> usize {
+        self.events
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::IterationBoundary))
+            .count()
+    }
+
+    /// Number of whole iterations: spans between consecutive boundaries.
+    pub fn iterations(&self) -> usize {
+        self.boundaries().saturating_sub(1)
+    }
+
+    /// Sum of the static blocks' requested bytes.
+    pub fn static_bytes(&self) -> u64 {
+        self.static_blocks.iter().map(|b| b.bytes).sum()
+    }
+
+    /// Checks the invariants in the module docs; the error names the first bad event.
+    pub fn validate(&self) -> Result<(), TraceError> {
+        let mut live: std::collections::HashMap<TensorId, u64> =
+            self.static_blocks.iter().map(|b| (b.id, b.bytes)).collect();
+        if live.len() != self.static_blocks.len() {
+            return Err(TraceError::Invalid {
+                index: 0,
+                what: "two static blocks share an id".into(),
+            });
+        }
+        let mut seen: std::collections::HashSet<TensorId> = live.keys().copied().collect();
+        let mut last_t = 0;
+        for (index, e) in self.events.iter().enumerate() {
+            let index = index as u64;
+            if e.time_us < last_t {
+                return Err(TraceError::Invalid {
+                    index,
+                    what: format!("time goes backwards ({} < {last_t})", e.time_us),
+                });
+            }
+            last_t = e.time_us;
+            match e.kind {
+                EventKind::Alloc { id, bytes, .. } => {
+                    if !seen.insert(id) {
+                        return Err(TraceError::Invalid {
+                            index,
+                            what: format!("tensor id {id} allocated twice"),
+                        });
+                    }
+                    live.insert(id, bytes);
+                }
+                EventKind::Free { id } => {
+                    if live.remove(&id).is_none() {
+                        return Err(TraceError::Invalid {
+                            index,
+                            what: format!("free of tensor {id}, which is not live"),
+                        });
+                    }
+                }
+                EventKind::Access { id, .. } => {
+                    if !live.contains_key(&id) {
+                        return Err(TraceError::Invalid {
+                            index,
+                            what: format!("access to tensor {id}, which is not live"),
+                        });
+                    }
+                }
+                EventKind::IterationBoundary => {}
+            }
+        }
+        Ok(())
+    }
+}

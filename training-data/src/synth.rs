@@ -1,0 +1,1 @@
+//! Synthetic graph traces (being written: see issue 2).
