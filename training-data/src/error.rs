@@ -5,12 +5,10 @@ use std::path::PathBuf;
 /// Errors from reading, writing or checking traces.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    // The message includes the cause (and is not marked `#[source]`) so that both
+    // `to_string()` and anyhow's `{:#}` chains print it exactly once.
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
     /// The pickle stream itself is malformed (offset in bytes from the stream start).
     #[error("pickle: {what} at byte offset {offset}")]
     Pickle { offset: u64, what: String },
@@ -26,6 +24,9 @@ pub enum TraceError {
     /// A trace that breaks the model's invariants (index into `Trace::events`).
     #[error("trace event {index}: {what}")]
     Invalid { index: u64, what: String },
+    /// Any of the above, in a named file.
+    #[error("{path}: {err}")]
+    InFile { path: PathBuf, err: Box<TraceError> },
     /// Bad parameters for a synthetic trace or the featurizer.
     #[error("invalid parameter: {0}")]
     Param(String),
@@ -35,7 +36,7 @@ impl TraceError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         TraceError::Io {
             path: path.into(),
-            source,
+            err: source,
         }
     }
 }

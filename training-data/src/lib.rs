@@ -2,14 +2,21 @@
 //!
 //! - [`model`]: events, static blocks, tensor metadata ([`Trace`]).
 //! - [`pickle`] + [`snapshot`]: import of PyTorch `torch.cuda.memory._snapshot()` pickles.
-//! - [`native`]: the versioned binary format (optionally zstd) and text export.
+//! - [`native`]: the versioned binary format (optionally zstd); [`export`]: CSV / JSON Lines.
+//! - [`io`]: [`io::load_trace`] reads any of them, detected by content.
 //! - [`stats`]: summary statistics (`memcast trace stats`).
 //! - [`synth`]: synthetic traces from computation graphs, with liveness analysis.
 //! - [`features`]: the step featurizer, one implementation used offline and online.
 
 pub mod error;
+pub mod export;
 pub mod features;
+pub mod io;
 pub mod model;
+pub mod native;
+pub mod pickle;
+pub mod snapshot;
+pub mod stats;
 pub mod synth;
 
 pub use error::TraceError;

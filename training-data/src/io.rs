@@ -1,0 +1,123 @@
+//! Loading traces from files, whatever their format.
+
+use std::io::Read;
+use std::path::Path;
+
+use crate::error::TraceError;
+use crate::model::Trace;
+use crate::native;
+use crate::snapshot::{self, SnapshotOptions};
+
+const XZ_MAGIC: &[u8] = &[0xfd, b'7', b'z', b'X', b'Z', 0];
+
+/// The formats [`load_trace`] recognises by their first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Native,
+    PytorchSnapshot,
+}
+
+/// Loads a PyTorch snapshot pickle (plain or `.xz`) or a native trace, detected by
+/// content, with default import options (trace name from the file name).
+pub fn load_trace(path: &Path) -> Result<Trace, TraceError> {
+    load_trace_with(path, &SnapshotOptions::default())
+}
+
+/// Like [`load_trace`], with explicit snapshot options (`opts.name` empty = file name).
+pub fn load_trace_with(path: &Path, opts: &SnapshotOptions) -> Result<Trace, TraceError> {
+    let data = read_maybe_xz(path)?;
+    let with_path = |e: TraceError| match e {
+        TraceError::Io { .. } => e,
+        other => TraceError::InFile {
+            path: path.to_path_buf(),
+            err: Box::new(other),
+        },
+    };
+    match detect(&data) {
+        Some(Format::Native) => native::decode(&data).map_err(with_path),
+        Some(Format::PytorchSnapshot) => {
+            let mut opts = opts.clone();
+            if opts.name.is_empty() {
+                opts.name = trace_name(path);
+            }
+            snapshot::import_snapshot(&data, &opts).map_err(with_path)
+        }
+        None => Err(with_path(TraceError::Snapshot {
+            what: "unknown format: neither a memcast trace, a pickle, nor xz".into(),
+        })),
+    }
+}
+
+/// Detects the format from the first bytes.
+pub fn detect(data: &[u8]) -> Option<Format> {
+    if native::is_native(data) {
+        Some(Format::Native)
+    } else if data.first() == Some(&0x80) {
+        Some(Format::PytorchSnapshot)
+    } else {
+        None
+    }
+}
+
+/// Reads a file, transparently decompressing xz.
+pub fn read_maybe_xz(path: &Path) -> Result<Vec<u8>, TraceError> {
+    let data = std::fs::read(path).map_err(|e| TraceError::io(path, e))?;
+    if !data.starts_with(XZ_MAGIC) {
+        return Ok(data);
+    }
+    let mut out = Vec::with_capacity(data.len() * 8);
+    liblzma::read::XzDecoder::new(&data[..])
+        .read_to_end(&mut out)
+        .map_err(|e| TraceError::InFile {
+            path: path.to_path_buf(),
+            err: Box::new(TraceError::Native {
+                what: format!("xz stream is damaged: {e}"),
+            }),
+        })?;
+    Ok(out)
+}
+
+/// A trace's name from its file name: `x.snapshot.pickle.xz` -> `x`.
+pub fn trace_name(path: &Path) -> String {
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    for ext in [".xz", ".pickle", ".pkl", ".snapshot", ".mctrace"] {
+        if let Some(s) = name.strip_suffix(ext) {
+            name = s.to_string();
+        }
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_paths() {
+        let n = |p: &str| trace_name(Path::new(p));
+        assert_eq!(
+            n("/a/gpt2_generate_dynamic.snapshot.pickle.xz"),
+            "gpt2_generate_dynamic"
+        );
+        assert_eq!(n("r.mctrace"), "r");
+    }
+
+    #[test]
+    fn unknown_and_missing_files_are_clear_errors() {
+        let dir = std::env::temp_dir().join(format!("memcast-io-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("junk.bin");
+        std::fs::write(&f, b"hello").unwrap();
+        let e = load_trace(&f).unwrap_err().to_string();
+        assert!(
+            e.contains("junk.bin") && e.contains("unknown format"),
+            "{e}"
+        );
+        let e = load_trace(&dir.join("missing")).unwrap_err().to_string();
+        assert!(e.contains("missing"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

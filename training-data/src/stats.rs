@@ -1,0 +1,191 @@
+//! Summary statistics of a trace (`memcast trace stats`), with the metric definitions of
+//! DESIGN.md: requested bytes are what callers asked for; peak_requested includes the
+//! blocks live before the trace began.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::Serialize;
+
+use crate::error::TraceError;
+use crate::model::{EventKind, TensorId, Trace};
+
+/// What `memcast trace stats --json` prints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TraceStats {
+    pub name: String,
+    pub events: u64,
+    pub allocs: u64,
+    pub frees: u64,
+    pub accesses: u64,
+    pub static_blocks: u64,
+    pub static_bytes: u64,
+    /// Max over time of live requested bytes of tensors allocated in the trace.
+    pub peak_live_bytes: u64,
+    /// Max over time of live requested bytes including static blocks.
+    pub peak_requested_bytes: u64,
+    /// Event index at which `peak_requested_bytes` was first reached.
+    pub peak_event: u64,
+    pub iterations: u64,
+    pub distinct_sizes: u64,
+    pub streams: u64,
+    pub duration_us: u64,
+    /// Tensors still live at the end (allocated in the trace, never freed).
+    pub live_at_end: u64,
+    pub total_requested_bytes: u64,
+}
+
+impl TraceStats {
+    /// Computes the statistics; fails (naming the event) if the trace frees or accesses a
+    /// tensor that is not live.
+    pub fn compute(t: &Trace) -> Result<TraceStats, TraceError> {
+        let mut live: HashMap<TensorId, (u64, bool)> = t
+            .static_blocks
+            .iter()
+            .map(|b| (b.id, (b.bytes, true)))
+            .collect();
+        let static_bytes = t.static_bytes();
+        let (mut cur_trace, mut cur_static) = (0u64, static_bytes);
+        let (mut peak_live, mut peak_req, mut peak_event) = (0u64, static_bytes, 0u64);
+        let (mut allocs, mut frees, mut accesses, mut total) = (0u64, 0u64, 0u64, 0u64);
+        let mut sizes = HashSet::new();
+        let mut streams: HashSet<u32> = t.static_blocks.iter().map(|b| b.stream).collect();
+        for (i, e) in t.events.iter().enumerate() {
+            match e.kind {
+                EventKind::Alloc { id, bytes, stream } => {
+                    if live.insert(id, (bytes, false)).is_some() {
+                        return Err(TraceError::Invalid {
+                            index: i as u64,
+                            what: format!("tensor {id} allocated while live"),
+                        });
+                    }
+                    allocs += 1;
+                    total += bytes;
+                    sizes.insert(bytes);
+                    streams.insert(stream);
+                    cur_trace += bytes;
+                    peak_live = peak_live.max(cur_trace);
+                    if cur_trace + cur_static > peak_req {
+                        peak_req = cur_trace + cur_static;
+                        peak_event = i as u64;
+                    }
+                }
+                EventKind::Free { id } => {
+                    let (bytes, is_static) = live.remove(&id).ok_or(TraceError::Invalid {
+                        index: i as u64,
+                        what: format!("free of tensor {id}, which is not live"),
+                    })?;
+                    frees += 1;
+                    if is_static {
+                        cur_static -= bytes;
+                    } else {
+                        cur_trace -= bytes;
+                    }
+                }
+                EventKind::Access { id, .. } => {
+                    if !live.contains_key(&id) {
+                        return Err(TraceError::Invalid {
+                            index: i as u64,
+                            what: format!("access to tensor {id}, which is not live"),
+                        });
+                    }
+                    accesses += 1;
+                }
+                EventKind::IterationBoundary => {}
+            }
+        }
+        let duration_us = match (t.events.first(), t.events.last()) {
+            (Some(a), Some(b)) => b.time_us - a.time_us,
+            _ => 0,
+        };
+        Ok(TraceStats {
+            name: t.meta.name.clone(),
+            events: t.events.len() as u64,
+            allocs,
+            frees,
+            accesses,
+            static_blocks: t.static_blocks.len() as u64,
+            static_bytes,
+            peak_live_bytes: peak_live,
+            peak_requested_bytes: peak_req,
+            peak_event,
+            iterations: t.iterations() as u64,
+            distinct_sizes: sizes.len() as u64,
+            streams: streams.len().max(1) as u64,
+            duration_us,
+            live_at_end: live.values().filter(|(_, s)| !s).count() as u64,
+            total_requested_bytes: total,
+        })
+    }
+}
+
+/// Human-readable byte count (binary units), for printing.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Event, StaticBlock};
+
+    #[test]
+    fn peaks_count_static_blocks_and_their_frees() {
+        let ev = |time_us, kind| Event { time_us, kind };
+        let t = Trace {
+            static_blocks: vec![StaticBlock {
+                id: 100,
+                bytes: 50,
+                stream: 0,
+            }],
+            events: vec![
+                ev(0, EventKind::IterationBoundary),
+                ev(
+                    1,
+                    EventKind::Alloc {
+                        id: 1,
+                        bytes: 30,
+                        stream: 0,
+                    },
+                ),
+                ev(2, EventKind::Free { id: 100 }),
+                ev(
+                    3,
+                    EventKind::Alloc {
+                        id: 2,
+                        bytes: 40,
+                        stream: 0,
+                    },
+                ),
+                ev(4, EventKind::Free { id: 1 }),
+                ev(9, EventKind::IterationBoundary),
+            ],
+            ..Default::default()
+        };
+        let s = TraceStats::compute(&t).unwrap();
+        assert_eq!(s.peak_live_bytes, 70);
+        assert_eq!(s.peak_requested_bytes, 80); // 50 static + 30, before the static free
+        assert_eq!(s.peak_event, 1);
+        assert_eq!(
+            (s.allocs, s.frees, s.iterations, s.duration_us),
+            (2, 2, 1, 9)
+        );
+        assert_eq!(s.live_at_end, 1);
+    }
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 << 30), "3.00 GiB");
+    }
+}

@@ -1,1 +1,0 @@
-//! Synthetic graph traces (being written: see issue 2).
