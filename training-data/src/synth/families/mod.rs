@@ -1,0 +1,5 @@
+//! Model families: each builds the forward graph of one iteration for a given shape.
+
+pub mod cnn;
+pub mod mlp;
+pub mod transformer;
