@@ -267,6 +267,7 @@ impl SynthConfig {
     pub fn name(&self) -> String {
         let fam = format!("{:?}", self.family).to_lowercase();
         let shape = match self.family {
+            _ if self.mode == Mode::Generate => format!("d{}_w{}", self.depth, self.width),
             Family::Mlp => format!("b{}_w{}_d{}", self.batch, self.width, self.depth),
             Family::Cnn => format!("d{}_b{}_i{}", self.depth, self.batch, self.image),
             Family::Transformer => format!(

@@ -158,15 +158,16 @@ impl Net {
         let ho = (h + 2 * pad - k) / stride + 1;
         let wo = (w + 2 * pad - k) / stride + 1;
         let dt = self.dtype(xc);
-        let out_bytes = n * cout * ho * wo * dt.size();
         let in_bytes = n * cin * h * w * dt.size();
         // cuDNN workspaces, as seen in the real ResNet-50 trace: 1x1 convolutions take a
-        // tiny scratch buffer, larger kernels an implicit-GEMM workspace of about twice
-        // the output (forward) or the input (backward).
+        // 400-byte scratch buffer forward and 4 MiB backward; 3x3 ones about twice the
+        // input plus the weight (there: 2 * in + w + 147 bytes, forward and data-grad).
+        // The real sizes depend on the algorithm cuDNN picks; this is the common case.
+        let w_bytes = cout * cin * k * k * dt.size();
         let (fwd_ws, bwd_ws) = if k == 1 {
             (400, 4 << 20)
         } else {
-            (2 * out_bytes, 2 * in_bytes)
+            (2 * in_bytes + w_bytes, 2 * in_bytes + w_bytes)
         };
         let flops = 2.0 * (n * cout * ho * wo * cin * k * k) as f64;
         self.b.op(
@@ -493,14 +494,14 @@ impl Net {
                 },
                 fwd_flops: flops,
                 bwd_flops: 2.5 * flops,
-                // dq, dk, dv (concatenated afterwards into the qkv gradient), the fp32
-                // dq accumulator and the softmax row sums.
+                // dq, dk, dv (concatenated afterwards into the qkv gradient) and one
+                // block with the fp32 dq accumulator and the softmax row sums (the real
+                // trace shows it as one allocation of b*h*s*(4d + 4) bytes).
                 bwd_temps: vec![
                     bsh * dt.size(),
                     bsh * dt.size(),
                     bsh * dt.size(),
-                    bsh * 4,
-                    bsz * heads * seq * 4,
+                    bsh * 4 + bsz * heads * seq * 4,
                 ],
                 ..Default::default()
             },

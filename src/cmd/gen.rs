@@ -1,0 +1,213 @@
+//! `memcast trace gen`: a synthetic trace from a computation graph, written in the native
+//! format. Every size defaults to the family's preset (MLP 1024 -> 4096 x 4 -> 1000;
+//! ResNet-50 batch 64 at 224x224, fp32, SGD; GPT-2 small batch 8 x 1024, bf16, AdamW).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::ValueEnum;
+use memcast_trace::native::{save_with, WriteOptions};
+use memcast_trace::stats::{human_bytes, TraceStats};
+use memcast_trace::synth::{
+    generate, DynParam, Dynamic, Family, Mode, Optimizer, Precision, SynthConfig,
+};
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum FamilyArg {
+    Mlp,
+    Cnn,
+    Transformer,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ModeArg {
+    /// Training iterations: forward, backward, optimizer step.
+    Train,
+    /// Inference forwards without autograd.
+    Infer,
+    /// KV-cached greedy generation requests (transformer).
+    Generate,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum DtypeArg {
+    Fp32,
+    /// bf16 autocast: fp32 master weights, bf16 matmul activations.
+    Bf16,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum OptimizerArg {
+    /// SGD with momentum (one state buffer per parameter).
+    Sgd,
+    /// AdamW (two state buffers per parameter).
+    Adamw,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum DynamicArg {
+    Batch,
+    Seq,
+    Image,
+}
+
+#[derive(clap::Args)]
+pub struct GenArgs {
+    /// Model family.
+    #[arg(long, value_enum)]
+    pub family: FamilyArg,
+    /// What to record.
+    #[arg(long, value_enum, default_value = "train")]
+    pub mode: ModeArg,
+    #[arg(long)]
+    pub batch: Option<u64>,
+    /// Sequence length (transformer).
+    #[arg(long)]
+    pub seq: Option<u64>,
+    /// Square image side in pixels (cnn).
+    #[arg(long)]
+    pub image: Option<u64>,
+    /// Hidden width (mlp), base channels (cnn), model width (transformer).
+    #[arg(long)]
+    pub width: Option<u64>,
+    /// Hidden layers (mlp), ResNet depth 18/34/50/101/152 (cnn), blocks (transformer).
+    #[arg(long)]
+    pub depth: Option<u64>,
+    /// Attention heads (transformer).
+    #[arg(long)]
+    pub heads: Option<u64>,
+    /// Vocabulary size (transformer).
+    #[arg(long)]
+    pub vocab: Option<u64>,
+    /// Position-embedding rows, the longest sequence (transformer).
+    #[arg(long)]
+    pub positions: Option<u64>,
+    /// Output classes (mlp, cnn).
+    #[arg(long)]
+    pub classes: Option<u64>,
+    /// Input features (mlp).
+    #[arg(long)]
+    pub in_features: Option<u64>,
+    #[arg(long, value_enum)]
+    pub dtype: Option<DtypeArg>,
+    #[arg(long, value_enum)]
+    pub optimizer: Option<OptimizerArg>,
+    /// Iterations: training steps, inference batches or generation requests.
+    #[arg(long, default_value_t = 8)]
+    pub iterations: usize,
+    /// Seed of the per-iteration choices; the same seed gives the same trace.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Draw this shape parameter per iteration from `--values`.
+    #[arg(long, value_enum, requires = "values")]
+    pub dynamic: Option<DynamicArg>,
+    /// Choices for `--dynamic`, e.g. `64,128,256,512`.
+    #[arg(long, value_delimiter = ',', requires = "dynamic")]
+    pub values: Vec<u64>,
+    /// Generation: batch choices per request.
+    #[arg(long, value_delimiter = ',')]
+    pub gen_batches: Vec<u64>,
+    /// Generation: prompt-length choices per request.
+    #[arg(long, value_delimiter = ',')]
+    pub gen_prompts: Vec<u64>,
+    /// Generation: new-token-count choices per request.
+    #[arg(long, value_delimiter = ',')]
+    pub gen_new_tokens: Vec<u64>,
+    /// Output trace (native format).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// zstd level for the output (0 = uncompressed).
+    #[arg(long, default_value_t = 9)]
+    pub zstd: i32,
+    /// Print the full configuration as JSON before generating.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl GenArgs {
+    /// The family preset with every given option applied.
+    pub fn config(&self) -> SynthConfig {
+        let family = match self.family {
+            FamilyArg::Mlp => Family::Mlp,
+            FamilyArg::Cnn => Family::Cnn,
+            FamilyArg::Transformer => Family::Transformer,
+        };
+        let mut c = SynthConfig::preset(family);
+        c.mode = match self.mode {
+            ModeArg::Train => Mode::Train,
+            ModeArg::Infer => Mode::Infer,
+            ModeArg::Generate => Mode::Generate,
+        };
+        let set = |slot: &mut u64, v: Option<u64>| {
+            if let Some(v) = v {
+                *slot = v;
+            }
+        };
+        set(&mut c.batch, self.batch);
+        set(&mut c.seq, self.seq);
+        set(&mut c.image, self.image);
+        set(&mut c.width, self.width);
+        set(&mut c.depth, self.depth);
+        set(&mut c.heads, self.heads);
+        set(&mut c.vocab, self.vocab);
+        set(&mut c.positions, self.positions);
+        set(&mut c.classes, self.classes);
+        set(&mut c.in_features, self.in_features);
+        if let Some(d) = self.dtype {
+            c.precision = match d {
+                DtypeArg::Fp32 => Precision::Fp32,
+                DtypeArg::Bf16 => Precision::Bf16Autocast,
+            };
+        }
+        if let Some(o) = self.optimizer {
+            c.optimizer = match o {
+                OptimizerArg::Sgd => Optimizer::SgdMomentum,
+                OptimizerArg::Adamw => Optimizer::AdamW,
+            };
+        }
+        c.iterations = self.iterations;
+        c.seed = self.seed;
+        c.dynamic = self.dynamic.map(|d| Dynamic {
+            param: match d {
+                DynamicArg::Batch => DynParam::Batch,
+                DynamicArg::Seq => DynParam::Seq,
+                DynamicArg::Image => DynParam::Image,
+            },
+            values: self.values.clone(),
+        });
+        for (slot, given) in [
+            (&mut c.generation.batches, &self.gen_batches),
+            (&mut c.generation.prompts, &self.gen_prompts),
+            (&mut c.generation.new_tokens, &self.gen_new_tokens),
+        ] {
+            if !given.is_empty() {
+                *slot = given.clone();
+            }
+        }
+        c
+    }
+}
+
+pub fn run(args: GenArgs) -> Result<()> {
+    let cfg = args.config();
+    if args.print_config {
+        println!("{}", serde_json::to_string_pretty(&cfg)?);
+    }
+    let trace = generate(&cfg).context("generating the synthetic trace")?;
+    let opts = WriteOptions {
+        zstd_level: (args.zstd > 0).then_some(args.zstd),
+    };
+    save_with(&trace, &args.output, opts)?;
+    let s = TraceStats::compute(&trace)?;
+    println!(
+        "{}: {} iterations, {} events ({} allocs), static {}, peak requested {} -> {}",
+        trace.meta.name,
+        s.iterations,
+        s.events,
+        s.allocs,
+        human_bytes(s.static_bytes),
+        human_bytes(s.peak_requested_bytes),
+        args.output.display()
+    );
+    Ok(())
+}
