@@ -100,3 +100,60 @@ fn gpt2_small_peak_within_30_percent_of_real() {
         &generate(&SynthConfig::gpt2_small()).unwrap(),
     );
 }
+
+/// Dynamic shapes: the same choice lists as the real recordings, our own seeded draws.
+/// Both reach the largest shape, so their peaks are comparable.
+#[test]
+fn dynamic_batch_and_multiscale_peaks_within_30_percent_of_real() {
+    use memcast_trace::synth::{DynParam, Dynamic};
+    let gpt = SynthConfig {
+        seq: 512,
+        iterations: 12,
+        dynamic: Some(Dynamic {
+            param: DynParam::Batch,
+            values: vec![2, 4, 8, 12],
+        }),
+        ..SynthConfig::gpt2_small()
+    };
+    compare("gpt2_dynbatch_s512_train_bf16", &generate(&gpt).unwrap());
+    let cnn = SynthConfig {
+        batch: 32,
+        iterations: 12,
+        dynamic: Some(Dynamic {
+            param: DynParam::Image,
+            values: vec![160, 192, 224, 256],
+        }),
+        ..SynthConfig::resnet50()
+    };
+    compare("resnet50_multiscale_b32_train", &generate(&cnn).unwrap());
+}
+
+/// KV-cached generation: one synthetic request of the largest real shape (batch 16,
+/// prompt 384, 128 new tokens, fp32) against the real trace, whose peak is reached in
+/// its requests of that shape.
+#[test]
+fn generation_request_peak_within_30_percent_of_real() {
+    use memcast_trace::synth::{GenSpec, Mode, Precision};
+    let cfg = SynthConfig {
+        mode: Mode::Generate,
+        precision: Precision::Fp32,
+        iterations: 1,
+        generation: GenSpec {
+            batches: vec![16],
+            prompts: vec![384],
+            new_tokens: vec![128],
+        },
+        ..SynthConfig::gpt2_small()
+    };
+    let synth = generate(&cfg).unwrap();
+    synth.validate().unwrap();
+    let s = TraceStats::compute(&synth).unwrap();
+    let r = TraceStats::compute(&real("gpt2_generate_dynamic")).unwrap();
+    let peak = s.peak_live_bytes as f64 / r.peak_live_bytes as f64;
+    eprintln!(
+        "gpt2_generate_dynamic: request peak live {} vs real {} ({peak:.3}), static {} vs {}",
+        s.peak_live_bytes, r.peak_live_bytes, s.static_bytes, r.static_bytes
+    );
+    assert!((0.7..=1.3).contains(&peak), "peak ratio {peak:.3}");
+    assert_eq!(s.static_bytes, r.static_bytes, "fp32 weights + workspaces");
+}
