@@ -1,6 +1,7 @@
 //! Side-by-side speed of the importer and the native loader (see docs/trace-format.md):
 //! `cargo run --release -p memcast-trace --example import_bench -- FILE.pickle [OUT.mctrace]`
-//! Prints seconds and events/s for: pickle import, native save, native load (zstd and raw).
+//! Prints seconds and events/s for: pickle import (and Python's `pickle.load` of the same
+//! file, run in the same process tree as the peer), native load (zstd and raw).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -37,6 +38,24 @@ fn main() {
         import_snapshot(&data, &SnapshotOptions::default()).expect("import")
     });
     let n = trace.events.len() as f64;
+    // The peer, in the same run: Python's C unpickler on the same file (best of 3).
+    let py = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import pickle,sys,time\nb=9e9\nfor _ in range(3):\n t=time.perf_counter(); pickle.load(open(sys.argv[1],'rb')); b=min(b,time.perf_counter()-t)\nprint(b)",
+        ])
+        .arg(&path)
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse::<f64>().ok());
+    match py {
+        Some(p) => println!(
+            "python pickle.load: {p:.3} s; memcast import is {:.2}x faster",
+            p / t_import
+        ),
+        None => println!("python pickle.load: python3 not available"),
+    }
     println!(
         "pickle import: {t_import:.3} s ({:.2} M events/s, {} events)",
         n / t_import / 1e6,

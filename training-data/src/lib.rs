@@ -8,6 +8,7 @@
 //! - [`synth`]: synthetic traces from computation graphs, with liveness analysis.
 //! - [`features`]: the step featurizer, one implementation used offline and online.
 
+pub mod bundled;
 pub mod error;
 pub mod export;
 pub mod features;
