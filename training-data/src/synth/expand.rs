@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::cost::CostModel;
 use super::graph::{Graph, Role, Unit, ValueId};
 use super::program::{BufId, Program, Step};
+use crate::error::TraceError;
 
 /// The optimizer of a training run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -97,9 +98,18 @@ impl Expander {
 
     /// Runs `g` forward. `bound` gives buffers for `External` values. Inputs are
     /// allocated by one host-to-device step first. Returns each value's buffer and
-    /// each op's duration (for recompute costs).
-    pub fn forward(&mut self, g: &Graph, bound: &[(ValueId, BufId)]) -> (Mem, Vec<f64>) {
+    /// each op's duration (for recompute costs). Errors if the graph breaks its
+    /// invariants or an external value is left unbound.
+    pub fn forward(
+        &mut self,
+        g: &Graph,
+        bound: &[(ValueId, BufId)],
+    ) -> Result<(Mem, Vec<f64>), TraceError> {
+        g.check_invariants()?;
         self.register_statics(g);
+        let unbound = |what: &str, v: ValueId| {
+            TraceError::Param(format!("graph: {what} {} has no buffer", g.values[v].name))
+        };
         let mut mem: Mem = vec![None; g.values.len()];
         let mut data = Step {
             name: "data.h2d".into(),
@@ -133,7 +143,7 @@ impl Expander {
             };
             let mut bytes = 0u64;
             for &x in &op.inputs {
-                let b = mem[g.values[x].storage].expect("inputs are bound before use");
+                let b = mem[g.values[x].storage].ok_or_else(|| unbound("input", x))?;
                 if !s.reads.contains(&b) {
                     s.reads.push(b);
                     bytes += self.p.bufs[b].bytes;
@@ -146,7 +156,7 @@ impl Expander {
                     s.allocs.push(b);
                     mem[o] = Some(b);
                 } else {
-                    let b = mem[root].expect("in-place target is live");
+                    let b = mem[root].ok_or_else(|| unbound("in-place target", root))?;
                     mem[o] = Some(b);
                     s.writes.push(b);
                 }
@@ -163,7 +173,7 @@ impl Expander {
             durs.push(s.dur_us);
             self.p.push(s);
         }
-        (mem, durs)
+        Ok((mem, durs))
     }
 
     /// Marks saved activations with the time their producer took (what recomputing
@@ -230,12 +240,17 @@ impl Expander {
                     continue;
                 }
                 let dv = &g.values[d];
-                let pass = op.grad_passthrough
-                    && dv.dtype == out0.dtype
-                    && dv.bytes() == out0.bytes()
-                    && grads[op.outputs[0]].is_some();
-                if pass {
-                    let (b, _) = grads[op.outputs[0]].expect("checked");
+                let pass = match grads[op.outputs[0]] {
+                    Some((b, _))
+                        if op.grad_passthrough
+                            && dv.dtype == out0.dtype
+                            && dv.bytes() == out0.bytes() =>
+                    {
+                        Some(b)
+                    }
+                    _ => None,
+                };
+                if let Some(b) = pass {
                     contribs.push((d, b, true));
                 } else {
                     let b = self.p.buf(&format!("{}.grad", dv.name), dv.bytes());
@@ -384,23 +399,25 @@ impl Expander {
 
     /// One training iteration of `g`: boundary, data, forward, backward, optimizer,
     /// zero_grad. The caller adds the final boundary.
-    pub fn train_iteration(&mut self, g: &Graph) {
+    pub fn train_iteration(&mut self, g: &Graph) -> Result<(), TraceError> {
         self.p.boundary();
-        let (mem, durs) = self.forward(g, &[]);
+        let (mem, durs) = self.forward(g, &[])?;
         self.mark_recompute(g, &mem, &durs);
         let grads = self.backward(g, &mem);
         self.optimizer_step(&grads);
         let mut holds: Vec<BufId> = grads.iter().map(|&(_, b)| b).collect();
         holds.extend(self.iteration_holds(g, &mem));
         self.release("zero_grad", holds);
+        Ok(())
     }
 
     /// One inference forward of `g` under `torch.no_grad()`.
-    pub fn infer_iteration(&mut self, g: &Graph) {
+    pub fn infer_iteration(&mut self, g: &Graph) -> Result<(), TraceError> {
         self.p.boundary();
-        let (mem, _) = self.forward(g, &[]);
+        let (mem, _) = self.forward(g, &[])?;
         let holds = self.iteration_holds(g, &mem);
         self.release("drop_outputs", holds);
+        Ok(())
     }
 
     /// Inputs and held outputs: the loop keeps them until the iteration ends.

@@ -82,7 +82,7 @@ pub fn request(
             return Err(TraceError::Param("generation: cache count mismatch".into()));
         }
         let bound: Vec<_> = externals.into_iter().zip(caches.iter().copied()).collect();
-        let (mem, _) = ex.forward(&g, &bound);
+        let (mem, _) = ex.forward(&g, &bound)?;
         let n_cache = 2 * d.depth as usize;
         caches = g.held[..n_cache]
             .iter()

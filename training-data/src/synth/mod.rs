@@ -346,9 +346,9 @@ pub fn generate(cfg: &SynthConfig) -> Result<Trace, TraceError> {
                 std::collections::hash_map::Entry::Vacant(e) => e.insert(cfg.build(s, train)?),
             };
             if train {
-                ex.train_iteration(g);
+                ex.train_iteration(g)?;
             } else {
-                ex.infer_iteration(g);
+                ex.infer_iteration(g)?;
             }
         }
     }

@@ -239,7 +239,7 @@ fn trace_peak_matches_liveness_peak() {
             true,
         )
         .unwrap();
-    ex.train_iteration(&g);
+    ex.train_iteration(&g).unwrap();
     ex.p.boundary();
     let l = liveness::analyze(&ex.p).unwrap();
     let t = liveness::emit(&ex.p, &l, TraceMeta::default());
@@ -318,4 +318,18 @@ fn bf16_autocast_keeps_fp32_masters_and_halves_matmul_activations() {
             .size
     };
     assert_eq!(qkv(&fp32), 2 * qkv(&bf16));
+}
+
+#[test]
+fn unbound_external_is_an_error_not_a_panic() {
+    let d = families::transformer::GptDims {
+        depth: 1,
+        width: 32,
+        heads: 2,
+        vocab: 100,
+        positions: 64,
+    };
+    let g = families::transformer::build_decode(d, 1, 4, 1, None).unwrap();
+    let mut ex = expand::Expander::new(CostModel::h200(), None, &[]);
+    assert!(matches!(ex.forward(&g, &[]), Err(TraceError::Param(_))));
 }
