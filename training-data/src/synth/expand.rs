@@ -241,21 +241,37 @@ impl Expander {
                 }
                 let dv = &g.values[d];
                 let pass = match grads[op.outputs[0]] {
-                    Some((b, _))
+                    Some((b, shared))
                         if op.grad_passthrough
                             && dv.dtype == out0.dtype
                             && dv.bytes() == out0.bytes() =>
                     {
-                        Some(b)
+                        Some((b, shared))
                     }
                     _ => None,
                 };
-                if let Some(b) = pass {
-                    contribs.push((d, b, true));
+                if let Some((b, shared)) = pass {
+                    contribs.push((d, b, shared));
                 } else {
+                    if !op.grad_passthrough && !op.is_cast && dv.dtype != out0.dtype {
+                        // Computed in the output dtype, then cast by autograd.
+                        let t = self
+                            .p
+                            .buf(&format!("{name}.temp"), dv.numel() * out0.dtype.size());
+                        s.allocs.push(t);
+                    }
                     let b = self.p.buf(&format!("{}.grad", dv.name), dv.bytes());
                     s.allocs.push(b);
                     contribs.push((d, b, false));
+                }
+            }
+            // A passed-through gradient is shared when two inputs hold it: it may then
+            // not be accumulated into in place.
+            let passed: Vec<BufId> = grads[op.outputs[0]].map(|(b, _)| b).into_iter().collect();
+            let n_pass = contribs.iter().filter(|c| passed.contains(&c.1)).count();
+            for c in contribs.iter_mut() {
+                if passed.contains(&c.1) && n_pass > 1 {
+                    c.2 = true;
                 }
             }
             let bytes: u64 = s

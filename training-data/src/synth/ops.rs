@@ -65,6 +65,7 @@ impl Net {
             &[("out", shape, to)],
             OpSpec {
                 diff_inputs: vec![x],
+                is_cast: true,
                 ..Default::default()
             },
         )[0]
@@ -344,7 +345,8 @@ impl Net {
         )[0]
     }
 
-    /// `torch.pow(x, 3.0)`: fp32 under autocast; backward computes `3 x^2` (a temporary).
+    /// `torch.pow(x, 3.0)`: fp32 under autocast; backward computes `x^2` and `3 x^2`
+    /// (two temporaries) before the gradient.
     pub fn pow3(&mut self, name: &str, x: ValueId) -> ValueId {
         let xf = self.fp32_operand(name, x);
         let (shape, dt) = (self.shape(xf), self.dtype(xf));
@@ -357,7 +359,7 @@ impl Net {
             OpSpec {
                 saved_in: vec![0],
                 diff_inputs: vec![xf],
-                bwd_temps: vec![bytes],
+                bwd_temps: vec![bytes, bytes],
                 ..Default::default()
             },
         )[0]
