@@ -1,6 +1,7 @@
 //! `memcast trace gen`: a synthetic trace from a computation graph, written in the native
 //! format. Every size defaults to the family's preset (MLP 1024 -> 4096 x 4 -> 1000;
-//! ResNet-50 batch 64 at 224x224, fp32, SGD; GPT-2 small batch 8 x 1024, bf16, AdamW).
+//! ResNet-50 batch 64 at 224x224, fp32, SGD; GPT-2 small batch 8 x 1024, bf16, AdamW;
+//! BERT-base batch 32 x 128, fp32, AdamW).
 
 use std::path::PathBuf;
 
@@ -15,8 +16,12 @@ use memcast_trace::synth::{
 #[derive(Clone, Copy, ValueEnum)]
 pub enum FamilyArg {
     Mlp,
+    /// ResNet (bottleneck blocks from depth 50).
     Cnn,
+    /// GPT-2-style decoder.
     Transformer,
+    /// BERT-style encoder, masked-LM pre-training.
+    Bert,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -131,6 +136,7 @@ impl GenArgs {
             FamilyArg::Mlp => Family::Mlp,
             FamilyArg::Cnn => Family::Cnn,
             FamilyArg::Transformer => Family::Transformer,
+            FamilyArg::Bert => Family::Bert,
         };
         let mut c = SynthConfig::preset(family);
         c.mode = match self.mode {

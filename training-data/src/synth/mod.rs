@@ -2,8 +2,9 @@
 //!
 //! Pipeline, one concern per module:
 //! - [`graph`]: the graph model (values with shapes and dtypes, ops with what they save);
-//! - [`ops`]: PyTorch layers as ops, with autocast and PyTorch's allocation behaviour;
-//! - [`families`]: MLP, ResNet (bottleneck), GPT-2 graphs for a given shape;
+//! - [`ops`], [`ops_nn`]: PyTorch layers as ops, with autocast and PyTorch's allocation
+//!   behaviour;
+//! - [`families`]: MLP, ResNet (bottleneck), GPT-2 and BERT graphs for a given shape;
 //! - [`expand`]: a graph -> program steps for a training iteration (forward, saved
 //!   activations, backward, gradients, optimizer) or an inference forward;
 //! - [`generation`]: KV-cached generation requests (prefill + growing decode steps);
@@ -19,6 +20,7 @@ pub mod generation;
 pub mod graph;
 pub mod liveness;
 pub mod ops;
+pub mod ops_nn;
 pub mod program;
 pub mod schedule;
 
@@ -44,7 +46,10 @@ use schedule::SplitMix64;
 pub enum Family {
     Mlp,
     Cnn,
+    /// GPT-2-style decoder (causal LM).
     Transformer,
+    /// BERT-style encoder (masked LM).
+    Bert,
 }
 
 /// What the trace records.
@@ -151,6 +156,19 @@ impl SynthConfig {
         }
     }
 
+    /// BERT-base masked-LM pre-training, batch 32, sequence 128, fp32, AdamW.
+    pub fn bert_base() -> Self {
+        SynthConfig {
+            family: Family::Bert,
+            batch: 32,
+            seq: 128,
+            vocab: 30522,
+            positions: 512,
+            precision: Precision::Fp32,
+            ..SynthConfig::gpt2_small()
+        }
+    }
+
     /// A 4-layer MLP, 1024 -> 4096 x 4 -> 1000, batch 256, fp32, SGD with momentum.
     pub fn mlp() -> Self {
         SynthConfig {
@@ -170,6 +188,7 @@ impl SynthConfig {
             Family::Mlp => SynthConfig::mlp(),
             Family::Cnn => SynthConfig::resnet50(),
             Family::Transformer => SynthConfig::gpt2_small(),
+            Family::Bert => SynthConfig::bert_base(),
         }
     }
 
@@ -237,7 +256,7 @@ impl SynthConfig {
         if self.mode == Mode::Generate && self.family != Family::Transformer {
             return bad("generation needs the transformer family".into());
         }
-        if self.family == Family::Transformer {
+        if matches!(self.family, Family::Transformer | Family::Bert) {
             let mut need = self.seq;
             if let Some(d) = self.dynamic.as_ref().filter(|d| d.param == DynParam::Seq) {
                 need = d.values.iter().copied().max().unwrap_or(need);
@@ -270,7 +289,7 @@ impl SynthConfig {
             _ if self.mode == Mode::Generate => format!("d{}_w{}", self.depth, self.width),
             Family::Mlp => format!("b{}_w{}_d{}", self.batch, self.width, self.depth),
             Family::Cnn => format!("d{}_b{}_i{}", self.depth, self.batch, self.image),
-            Family::Transformer => format!(
+            Family::Transformer | Family::Bert => format!(
                 "d{}_w{}_b{}_s{}",
                 self.depth, self.width, self.batch, self.seq
             ),
@@ -312,6 +331,7 @@ impl SynthConfig {
                 train,
             )?,
             Family::Transformer => families::transformer::build(self.gpt(), shape, ac, train)?,
+            Family::Bert => families::bert::build(self.gpt(), shape, ac, train)?,
         };
         g.check_invariants()?;
         Ok(g)

@@ -42,13 +42,13 @@ impl Net {
         }
     }
 
-    fn shape(&self, v: ValueId) -> Vec<u64> {
+    pub(super) fn shape(&self, v: ValueId) -> Vec<u64> {
         self.b.value(v).shape.clone()
     }
-    fn dtype(&self, v: ValueId) -> DType {
+    pub(super) fn dtype(&self, v: ValueId) -> DType {
         self.b.value(v).dtype
     }
-    fn numel(&self, v: ValueId) -> f64 {
+    pub(super) fn numel(&self, v: ValueId) -> f64 {
         self.b.value(v).numel() as f64
     }
 
@@ -91,7 +91,7 @@ impl Net {
     }
 
     /// The input of an fp32-only op under autocast (layer norm, pow, softmax).
-    fn fp32_operand(&mut self, name: &str, x: ValueId) -> ValueId {
+    pub(super) fn fp32_operand(&mut self, name: &str, x: ValueId) -> ValueId {
         if self.autocast.is_some() && self.dtype(x) != DType::F32 {
             self.cast(&format!("{name}.in_to_f32"), x, DType::F32)
         } else {
@@ -127,6 +127,15 @@ impl Net {
         let mut inputs = vec![xc, wc];
         inputs.extend(bc);
         let flops = 2.0 * (m * n * k) as f64;
+        // The bias gradient `grad.sum(0)` over many rows runs as a global-memory
+        // reduction: a staging buffer and 4-byte semaphores per 128 columns. Sizes fitted
+        // to the real BERT and GPT-2 traces (8*m*n bytes, capped at 132 MiB; they show
+        // these for m = 4096 and 8192 rows and not for ResNet's 64-row classifier).
+        let bwd_temps = if bias.is_some() && m >= 1024 {
+            vec![(8 * m * n).min(132 << 20), 4 * n.div_ceil(128)]
+        } else {
+            Vec::new()
+        };
         self.b.op(
             name,
             &inputs,
@@ -141,6 +150,7 @@ impl Net {
                 },
                 fwd_flops: flops,
                 bwd_flops: 2.0 * flops,
+                bwd_temps,
                 ..Default::default()
             },
         )[0]
@@ -340,171 +350,6 @@ impl Net {
             OpSpec {
                 diff_inputs: vec![x],
                 passthrough: true,
-                ..Default::default()
-            },
-        )[0]
-    }
-
-    /// `torch.pow(x, 3.0)`: fp32 under autocast; backward computes `x^2` and `3 x^2`
-    /// (two temporaries) before the gradient.
-    pub fn pow3(&mut self, name: &str, x: ValueId) -> ValueId {
-        let xf = self.fp32_operand(name, x);
-        let (shape, dt) = (self.shape(xf), self.dtype(xf));
-        let bytes = self.b.value(xf).bytes();
-        self.b.op(
-            name,
-            &[xf],
-            None,
-            &[("out", shape, dt)],
-            OpSpec {
-                saved_in: vec![0],
-                diff_inputs: vec![xf],
-                bwd_temps: vec![bytes, bytes],
-                ..Default::default()
-            },
-        )[0]
-    }
-
-    /// `torch.tanh(x)`: backward reads the result.
-    pub fn tanh(&mut self, name: &str, x: ValueId) -> ValueId {
-        let (shape, dt) = (self.shape(x), self.dtype(x));
-        self.b.op(
-            name,
-            &[x],
-            None,
-            &[("out", shape, dt)],
-            OpSpec {
-                saved_out: vec![0],
-                diff_inputs: vec![x],
-                ..Default::default()
-            },
-        )[0]
-    }
-
-    /// HF `NewGELUActivation` as the Python expression PyTorch runs:
-    /// `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3))))`.
-    pub fn gelu_new(&mut self, name: &str, x: ValueId) -> ValueId {
-        let half = self.scale(&format!("{name}.half_x"), x);
-        let p = self.pow3(&format!("{name}.pow"), x);
-        let c = self.scale(&format!("{name}.mul_c"), p);
-        let inner = self.add(&format!("{name}.add"), x, c);
-        let k = self.scale(&format!("{name}.mul_k"), inner);
-        let t = self.tanh(&format!("{name}.tanh"), k);
-        let one = self.add_scalar(&format!("{name}.one_plus"), t);
-        self.mul(&format!("{name}.mul"), half, one)
-    }
-
-    /// `nn.LayerNorm(d)` over the last dim (fp32 under autocast).
-    pub fn layer_norm(&mut self, name: &str, x: ValueId) -> ValueId {
-        let s = self.shape(x);
-        let d = *s.last().unwrap_or(&1);
-        let rows = self.numel(x) as u64 / d.max(1);
-        let w = self.b.param(&format!("{name}.weight"), &[d], DType::F32);
-        let bias = self.b.param(&format!("{name}.bias"), &[d], DType::F32);
-        let xf = self.fp32_operand(name, x);
-        let dt = self.dtype(xf);
-        self.b.op(
-            name,
-            &[xf, w, bias],
-            None,
-            &[
-                ("out", s, dt),
-                ("mean", vec![rows], DType::F32),
-                ("rstd", vec![rows], DType::F32),
-            ],
-            OpSpec {
-                saved_in: vec![0, 1, 2],
-                saved_out: vec![1, 2],
-                diff_inputs: vec![xf, w, bias],
-                ..Default::default()
-            },
-        )[0]
-    }
-
-    /// `nn.Dropout(p)`: in training, an output and a bool mask (saved); else identity.
-    pub fn dropout(&mut self, name: &str, x: ValueId) -> ValueId {
-        if !self.train {
-            return x;
-        }
-        let (shape, dt) = (self.shape(x), self.dtype(x));
-        self.b.op(
-            name,
-            &[x],
-            None,
-            &[("out", shape.clone(), dt), ("mask", shape, DType::Bool)],
-            OpSpec {
-                saved_out: vec![1],
-                diff_inputs: vec![x],
-                ..Default::default()
-            },
-        )[0]
-    }
-
-    /// `nn.Embedding(rows, d)` lookup of `ids`; backward makes a dense table gradient.
-    pub fn embedding(&mut self, name: &str, ids: ValueId, table: ValueId) -> ValueId {
-        let d = self.b.value(table).shape[1];
-        let mut shape = self.shape(ids);
-        shape.push(d);
-        let dt = self.dtype(table);
-        let ids_bytes = self.b.value(ids).bytes();
-        self.b.op(
-            name,
-            &[ids, table],
-            None,
-            &[("out", shape, dt)],
-            OpSpec {
-                saved_in: vec![0],
-                diff_inputs: vec![table],
-                // embedding_dense_backward sorts the indices: keys, values and counts.
-                bwd_temps: vec![ids_bytes, ids_bytes, ids_bytes],
-                ..Default::default()
-            },
-        )[0]
-    }
-
-    /// Causal scaled-dot-product attention (flash / memory-efficient kernels) on packed
-    /// `qkv[b, s, 3*h*d]`: out `[b, s, h*d]` plus the log-sum-exp; nothing quadratic is kept.
-    pub fn sdpa(&mut self, name: &str, qkv: ValueId, heads: u64) -> ValueId {
-        let s = self.shape(qkv);
-        let (bsz, seq, width) = (s[0], s[1], s[2] / 3);
-        let d = width / heads;
-        let dt = self.dtype(qkv);
-        let mut outs = vec![
-            ("out", vec![bsz, seq, width], dt),
-            ("lse", vec![bsz, heads, seq], DType::F32),
-        ];
-        if self.train {
-            // Philox seed and offset of the attention dropout.
-            outs.push(("rng_seed", vec![1], DType::I64));
-            outs.push(("rng_offset", vec![1], DType::I64));
-        }
-        let saved_out = (0..outs.len()).collect();
-        let flops = 2.0 * (bsz * heads * seq * seq * d) as f64; // causal: half of 4bhs²d
-        let bsh = bsz * seq * width;
-        self.b.op(
-            name,
-            &[qkv],
-            None,
-            &outs,
-            OpSpec {
-                saved_in: vec![0],
-                saved_out,
-                diff_inputs: vec![qkv],
-                unit: Unit::Matmul {
-                    dtype: dt,
-                    tf32: false,
-                },
-                fwd_flops: flops,
-                bwd_flops: 2.5 * flops,
-                // dq, dk, dv (concatenated afterwards into the qkv gradient) and one
-                // block with the fp32 dq accumulator and the softmax row sums (the real
-                // trace shows it as one allocation of b*h*s*(4d + 4) bytes).
-                bwd_temps: vec![
-                    bsh * dt.size(),
-                    bsh * dt.size(),
-                    bsh * dt.size(),
-                    bsh * 4 + bsz * heads * seq * 4,
-                ],
                 ..Default::default()
             },
         )[0]
