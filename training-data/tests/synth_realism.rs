@@ -22,6 +22,23 @@ fn real(name: &str) -> Trace {
     load_trace(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
+fn real_first_iteration_allocs(t: &Trace) -> u64 {
+    use memcast_trace::EventKind;
+    let mut boundaries = 0;
+    let mut n = 0;
+    for e in &t.events {
+        match e.kind {
+            EventKind::IterationBoundary => boundaries += 1,
+            EventKind::Alloc { .. } if boundaries == 1 => n += 1,
+            _ => {}
+        }
+        if boundaries == 2 {
+            break;
+        }
+    }
+    n
+}
+
 fn per_iteration_allocs(s: &TraceStats) -> f64 {
     s.allocs as f64 / s.iterations.max(1) as f64
 }
@@ -151,11 +168,15 @@ fn generation_request_peak_within_30_percent_of_real() {
     let s = TraceStats::compute(&synth).unwrap();
     let r = TraceStats::compute(&real("gpt2_generate_dynamic")).unwrap();
     let peak = s.peak_live_bytes as f64 / r.peak_live_bytes as f64;
+    // The real trace's first request has this shape: compare its allocation count.
+    let real_first = real_first_iteration_allocs(&real("gpt2_generate_dynamic"));
+    let allocs = s.allocs as f64 / real_first as f64;
     eprintln!(
-        "gpt2_generate_dynamic: request peak live {} vs real {} ({peak:.3}), static {} vs {}",
-        s.peak_live_bytes, r.peak_live_bytes, s.static_bytes, r.static_bytes
+        "gpt2_generate_dynamic: request peak live {} vs real {} ({peak:.3}), static {} vs {}, allocs {} vs {} ({allocs:.3}), us {}",
+        s.peak_live_bytes, r.peak_live_bytes, s.static_bytes, r.static_bytes, s.allocs, real_first, s.duration_us
     );
     assert!((0.7..=1.3).contains(&peak), "peak ratio {peak:.3}");
+    assert!((0.85..=1.15).contains(&allocs), "allocs ratio {allocs:.3}");
     assert_eq!(s.static_bytes, r.static_bytes, "fp32 weights + workspaces");
 }
 

@@ -165,6 +165,9 @@ impl Expander {
             for &w in &op.extra_writes {
                 s.writes.extend(mem[w]);
             }
+            for &k in &op.keeps {
+                s.holds.extend(mem[g.values[k].storage]);
+            }
             for &t in &op.fwd_temps {
                 let b = self.p.buf(&format!("{}.workspace", op.name), t);
                 s.allocs.push(b);

@@ -115,6 +115,9 @@ pub struct Op {
     pub grad_passthrough: bool,
     /// Values updated in place that are not outputs (BatchNorm running statistics).
     pub extra_writes: Vec<ValueId>,
+    /// Values kept referenced (not accessed) until this op has run: a Python variable
+    /// that outlives its last use, e.g. a function argument until the function returns.
+    pub keeps: Vec<ValueId>,
     /// A dtype conversion: its backward makes the input's gradient directly in the
     /// input's dtype. Other ops whose input dtype differs from the output's compute the
     /// gradient in the output dtype first and autograd then casts it (two allocations).
@@ -305,6 +308,7 @@ impl GraphBuilder {
             diff_inputs,
             grad_passthrough: spec.passthrough,
             extra_writes: spec.extra_writes,
+            keeps: spec.keeps,
             is_cast: spec.is_cast,
             unit: spec.unit,
             fwd_flops: spec.fwd_flops,
@@ -338,6 +342,7 @@ pub struct OpSpec {
     pub diff_inputs: Vec<ValueId>,
     pub passthrough: bool,
     pub extra_writes: Vec<ValueId>,
+    pub keeps: Vec<ValueId>,
     pub is_cast: bool,
     pub unit: Unit,
     pub fwd_flops: f64,

@@ -52,6 +52,14 @@ impl Net {
         self.b.value(v).numel() as f64
     }
 
+    /// Keeps `vals` referenced until the most recent op has run (Python variables that
+    /// outlive their last use, e.g. until a module's `forward` returns).
+    pub fn keep_until_last(&mut self, vals: &[ValueId]) {
+        if let Some(op) = self.b.g.ops.last_mut() {
+            op.keeps.extend_from_slice(vals);
+        }
+    }
+
     /// `x.to(dtype)`: a copy whose backward casts the gradient back (an allocation).
     pub fn cast(&mut self, name: &str, x: ValueId, to: DType) -> ValueId {
         if self.dtype(x) == to {

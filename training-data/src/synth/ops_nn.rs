@@ -51,7 +51,10 @@ impl Net {
         let k = self.scale(&format!("{name}.mul_k"), inner);
         let t = self.tanh(&format!("{name}.tanh"), k);
         let one = self.add_scalar(&format!("{name}.one_plus"), t);
-        self.mul(&format!("{name}.mul"), half, one)
+        let out = self.mul(&format!("{name}.mul"), half, one);
+        // The Python function holds its argument until it returns.
+        self.keep_until_last(&[x]);
+        out
     }
 
     /// `nn.LayerNorm(d)` over the last dim (fp32 under autocast).

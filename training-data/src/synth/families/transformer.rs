@@ -40,8 +40,12 @@ impl GptDims {
     }
 }
 
-/// Embeddings: token ids `[b, s]` -> fp32 hidden `[b, s, width]`.
-fn embed(net: &mut Net, d: GptDims, ids: ValueId, s: u64) -> (ValueId, ValueId) {
+/// Embeddings: token ids `[b, s]` -> fp32 hidden `[b, s, width]`. Returns the hidden
+/// state, the token table (tied to the LM head) and the two lookups, which
+/// `GPT2Model.forward` holds in locals until it returns. Position ids are `[1, s]` in
+/// training and `[b, s]` in `generate` (derived from the attention mask), so the
+/// position lookup is batch-sized there.
+fn embed(net: &mut Net, d: GptDims, ids: ValueId, pos_rows: u64, s: u64) -> Embedded {
     let wte = net.b.param("wte.weight", &[d.vocab, d.width], DType::F32);
     let wpe = net
         .b
@@ -50,13 +54,23 @@ fn embed(net: &mut Net, d: GptDims, ids: ValueId, s: u64) -> (ValueId, ValueId) 
         "position_ids",
         &[],
         None,
-        &[("out", vec![1, s], DType::I64)],
+        &[("out", vec![pos_rows, s], DType::I64)],
         OpSpec::default(),
     )[0];
     let tok = net.embedding("wte", ids, wte);
     let pe = net.embedding("wpe", pos, wpe);
     let h = net.add("embed.add", tok, pe);
-    (net.dropout("drop", h), wte)
+    Embedded {
+        h: net.dropout("drop", h),
+        wte,
+        held: [tok, pe],
+    }
+}
+
+struct Embedded {
+    h: ValueId,
+    wte: ValueId,
+    held: [ValueId; 2],
 }
 
 /// The MLP half of a block: returns the new residual stream.
@@ -81,7 +95,7 @@ pub fn build(
     let mut net = Net::new(autocast, train);
     let ids = net.b.input("input_ids", &[b, s], DType::I64);
     let labels = net.b.input("labels", &[b, s], DType::I64);
-    let (mut h, wte) = embed(&mut net, d, ids, s);
+    let Embedded { mut h, wte, held } = embed(&mut net, d, ids, 1, s);
     for l in 0..d.depth {
         let name = format!("h.{l}");
         let a = net.layer_norm(&format!("{name}.ln_1"), h);
@@ -98,10 +112,14 @@ pub fn build(
         let att = net.sdpa(&format!("{name}.attn.sdpa"), qkv, d.heads);
         let o = net.linear(&format!("{name}.attn.c_proj"), att, d.width, true);
         let o = net.dropout(&format!("{name}.attn.resid_dropout"), o);
+        let h_in = h;
         h = net.add(&format!("{name}.residual1"), o, h);
         h = mlp(&mut net, d, &name, h);
+        // GPT2Block holds `attn_output` and its caller the block input until it returns.
+        net.keep_until_last(&[h_in, o]);
     }
     let hf = net.layer_norm("ln_f", h);
+    net.keep_until_last(&held);
     let logits = net.linear_with("lm_head", hf, wte, None);
     net.b.hold(logits);
     if !train {
@@ -136,7 +154,7 @@ pub fn build_decode(
     d.check(past + new)?;
     let mut net = Net::new(autocast, false);
     let ids = net.b.input("input_ids", &[b, new], DType::I64);
-    let (mut h, wte) = embed(&mut net, d, ids, new);
+    let Embedded { mut h, wte, held } = embed(&mut net, d, ids, b, new);
     let act = autocast.unwrap_or(DType::F32);
     let hd = d.width / d.heads;
     for l in 0..d.depth {
@@ -175,10 +193,13 @@ pub fn build_decode(
             net.b.hold(c);
         }
         let o = net.linear(&format!("{name}.attn.c_proj"), att, d.width, true);
+        let h_in = h;
         h = net.add(&format!("{name}.residual1"), o, h);
         h = mlp(&mut net, d, &name, h);
+        net.keep_until_last(&[h_in, o]);
     }
     let hf = net.layer_norm("ln_f", h);
+    net.keep_until_last(&held);
     // Only the last position's logits are computed (`logits_to_keep=1`), then upcast.
     let last = net.copy("last_hidden", hf, vec![b, 1, d.width]);
     let logits = net.linear_with("lm_head", last, wte, None);
