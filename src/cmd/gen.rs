@@ -64,27 +64,28 @@ pub struct GenArgs {
     /// What to record.
     #[arg(long, value_enum, default_value = "train")]
     pub mode: ModeArg,
+    /// Batch size (rows, images or sequences).
     #[arg(long)]
     pub batch: Option<u64>,
-    /// Sequence length (transformer).
+    /// Sequence length (transformer, bert).
     #[arg(long)]
     pub seq: Option<u64>,
     /// Square image side in pixels (cnn).
     #[arg(long)]
     pub image: Option<u64>,
-    /// Hidden width (mlp), base channels (cnn), model width (transformer).
+    /// Hidden width (mlp), base channels (cnn), model width (transformer, bert).
     #[arg(long)]
     pub width: Option<u64>,
-    /// Hidden layers (mlp), ResNet depth 18/34/50/101/152 (cnn), blocks (transformer).
+    /// Hidden layers (mlp), ResNet depth 18/34/50/101/152 (cnn), blocks (transformer, bert).
     #[arg(long)]
     pub depth: Option<u64>,
-    /// Attention heads (transformer).
+    /// Attention heads (transformer, bert).
     #[arg(long)]
     pub heads: Option<u64>,
-    /// Vocabulary size (transformer).
+    /// Vocabulary size (transformer, bert).
     #[arg(long)]
     pub vocab: Option<u64>,
-    /// Position-embedding rows, the longest sequence (transformer).
+    /// Position-embedding rows, the longest sequence (transformer, bert).
     #[arg(long)]
     pub positions: Option<u64>,
     /// Output classes (mlp, cnn).
@@ -93,8 +94,10 @@ pub struct GenArgs {
     /// Input features (mlp).
     #[arg(long)]
     pub in_features: Option<u64>,
+    /// Precision (default: the family preset's).
     #[arg(long, value_enum)]
     pub dtype: Option<DtypeArg>,
+    /// Optimizer of a training run (default: the family preset's).
     #[arg(long, value_enum)]
     pub optimizer: Option<OptimizerArg>,
     /// Iterations: training steps, inference batches or generation requests.
