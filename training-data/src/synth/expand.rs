@@ -132,7 +132,8 @@ impl Expander {
             mem[v] = Some(b);
         }
         if !data.allocs.is_empty() {
-            data.dur_us = self.cost.launch_us + h2d as f64 / self.h2d_bytes_per_s * 1e6;
+            data.dur_us = h2d as f64 / self.h2d_bytes_per_s * 1e6;
+            data.kernels = 1;
             self.p.push(data);
         }
         let mut durs = Vec::with_capacity(g.ops.len());
@@ -173,6 +174,7 @@ impl Expander {
                 s.allocs.push(b);
             }
             s.dur_us = self.cost.time_us(op.unit, op.fwd_flops, bytes as f64, 1);
+            s.kernels = 1;
             durs.push(s.dur_us);
             self.p.push(s);
         }
@@ -207,7 +209,8 @@ impl Expander {
         self.p.push(Step {
             name: "loss.backward".into(),
             allocs: vec![seed],
-            dur_us: self.cost.launch_us,
+            dur_us: self.cost.device_min_us,
+            kernels: 1,
             ..Default::default()
         });
         grads[loss] = Some((seed, false));
@@ -284,6 +287,7 @@ impl Expander {
                 .map(|&b| self.p.bufs[b].bytes)
                 .sum();
             s.dur_us = self.cost.time_us(op.unit, op.bwd_flops, bytes as f64, 2);
+            s.kernels = 2;
             self.p.push(s);
             for (d, b, shared) in contribs {
                 self.accumulate(g, &mut grads, d, b, shared);
@@ -320,6 +324,7 @@ impl Expander {
                 reads: vec![b],
                 writes: vec![old],
                 dur_us: self.cost.time_us(Unit::Vector, 0.0, 3.0 * bytes, 1),
+                kernels: 1,
                 ..Default::default()
             });
         } else {
@@ -331,6 +336,7 @@ impl Expander {
                 reads: vec![old, b],
                 allocs: vec![sum],
                 dur_us: self.cost.time_us(Unit::Vector, 0.0, 3.0 * bytes, 1),
+                kernels: 1,
                 ..Default::default()
             });
             grads[v] = Some((sum, false));
@@ -376,6 +382,7 @@ impl Expander {
                 writes,
                 allocs,
                 dur_us,
+                kernels: launches,
                 ..Default::default()
             });
         };

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::expand::Expander;
 use super::families::transformer::{build_decode, GptDims};
 use super::graph::{DType, Role};
+use super::program::Step;
 use super::schedule::SplitMix64;
 use crate::error::TraceError;
 
@@ -89,6 +90,14 @@ pub fn request(
             .filter_map(|&v| mem[g.values[v].storage])
             .collect();
         last_holds = ex.iteration_holds(&g, &mem);
+        // The stopping check (`unfinished_sequences.max() == 0`) waits for the device;
+        // the rest of the loop is host time.
+        ex.p.push(Step {
+            name: "generation.loop".into(),
+            sync: true,
+            host_us: ex.cost.host_us_per_token,
+            ..Default::default()
+        });
         past += new;
         new = 1;
     }

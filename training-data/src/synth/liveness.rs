@@ -14,6 +14,7 @@ use crate::error::TraceError;
 use crate::model::{Event, EventKind, StaticBlock, TensorMeta, Trace, TraceMeta};
 
 use super::program::{BufId, Program};
+use super::timeline::Times;
 
 /// The result of [`analyze`].
 #[derive(Debug, Clone, PartialEq)]
@@ -121,10 +122,11 @@ pub fn analyze(p: &Program) -> Result<Liveness, TraceError> {
     Ok(l)
 }
 
-/// Turns a program and its liveness into a [`Trace`]: static blocks, then per step its
-/// allocations, accesses (reads, then writes; allocations count as writes) and, at its
-/// end time, its frees. Tensor ids are buffer indices. O(events) time.
-pub fn emit(p: &Program, l: &Liveness, meta: TraceMeta) -> Trace {
+/// Turns a program and its liveness into a [`Trace`]: static blocks, then per step, at
+/// its host start time, its allocations and accesses (reads, then writes; allocations
+/// count as writes) and, at its host end time, its frees. Tensor ids are buffer indices.
+/// O(events) time.
+pub fn emit(p: &Program, l: &Liveness, times: &Times, meta: TraceMeta) -> Trace {
     let mut events = Vec::new();
     let mut tensors: Vec<TensorMeta> = p
         .bufs
@@ -149,7 +151,6 @@ pub fn emit(p: &Program, l: &Liveness, meta: TraceMeta) -> Trace {
             stream: 0,
         })
         .collect();
-    let mut t = 0.0f64;
     let push = |events: &mut Vec<Event>, t: f64, kind| {
         events.push(Event {
             time_us: t as u64,
@@ -157,6 +158,7 @@ pub fn emit(p: &Program, l: &Liveness, meta: TraceMeta) -> Trace {
         })
     };
     for (i, s) in p.steps.iter().enumerate() {
+        let t = times.start[i];
         if s.boundary {
             push(&mut events, t, EventKind::IterationBoundary);
             continue;
@@ -186,7 +188,7 @@ pub fn emit(p: &Program, l: &Liveness, meta: TraceMeta) -> Trace {
                 );
             }
         }
-        t += s.dur_us;
+        let t = times.end[i];
         for &b in &l.frees_after[i] {
             tensors[b].free_event = Some(events.len() as u64);
             push(&mut events, t, EventKind::Free { id: b as u64 });
@@ -212,6 +214,7 @@ mod tests {
             allocs: allocs.to_vec(),
             reads: reads.to_vec(),
             dur_us: 1.0,
+            kernels: 1,
             ..Default::default()
         }
     }
@@ -232,7 +235,8 @@ mod tests {
         assert_eq!(l.last, vec![None, Some(3), Some(2), Some(3)]);
         // live: s0 10, s1 30, s2 70 (then b dies), s3 50.
         assert_eq!(l.peak_live(&p), (70, 2));
-        let tr = emit(&p, &l, TraceMeta::default());
+        let times = super::super::timeline::schedule(&p, &Default::default());
+        let tr = emit(&p, &l, &times, TraceMeta::default());
         tr.validate().unwrap();
         assert_eq!(tr.static_bytes(), 100);
         assert_eq!(tr.tensors[a].consumers, vec!["s1", "s3"]);

@@ -9,7 +9,8 @@
 //!   activations, backward, gradients, optimizer) or an inference forward;
 //! - [`generation`]: KV-cached generation requests (prefill + growing decode steps);
 //! - [`program`] + [`liveness`]: buffers and steps -> live intervals -> trace events;
-//! - [`cost`]: the FLOP/bandwidth time model; [`schedule`]: seeded dynamic shapes.
+//! - [`cost`] + [`timeline`]: the FLOP/bandwidth time model, run on a host and a device
+//!   clock; [`schedule`]: seeded dynamic shapes.
 //!
 //! [`generate`] is the entry point. Output is deterministic for a given config and seed.
 
@@ -23,6 +24,7 @@ pub mod ops;
 pub mod ops_nn;
 pub mod program;
 pub mod schedule;
+pub mod timeline;
 
 use std::collections::HashMap;
 
@@ -379,7 +381,8 @@ pub fn generate(cfg: &SynthConfig) -> Result<Trace, TraceError> {
         source: format!("synthetic:{:?}", cfg.family).to_lowercase(),
         description: serde_json::to_string(cfg).unwrap_or_default(),
     };
-    let trace = liveness::emit(&ex.p, &live, meta);
+    let times = timeline::schedule(&ex.p, &cfg.cost);
+    let trace = liveness::emit(&ex.p, &live, &times, meta);
     trace.validate()?;
     Ok(trace)
 }

@@ -39,6 +39,13 @@ pub struct Step {
     pub holds: Vec<BufId>,
     /// Device time of the step in microseconds.
     pub dur_us: f64,
+    /// Kernels (or copies) the host launches for it; each costs host time.
+    pub kernels: u32,
+    /// Host time beyond the kernels' launches (Python work between them).
+    pub host_us: f64,
+    /// The host waits for the device to finish all earlier work before this step
+    /// (`.item()`, `torch.cuda.synchronize()`).
+    pub sync: bool,
 }
 
 /// Buffers and steps in program order.
@@ -75,11 +82,21 @@ impl Program {
         self.steps.push(step);
     }
 
-    /// Appends an iteration boundary marker.
+    /// Appends an iteration boundary marker (the host synchronizes there).
     pub fn boundary(&mut self) {
         self.steps.push(Step {
             name: "iteration".into(),
             boundary: true,
+            sync: true,
+            ..Default::default()
+        });
+    }
+
+    /// Appends a host-device synchronization point.
+    pub fn sync(&mut self, name: &str) {
+        self.steps.push(Step {
+            name: name.into(),
+            sync: true,
             ..Default::default()
         });
     }

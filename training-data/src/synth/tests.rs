@@ -242,7 +242,8 @@ fn trace_peak_matches_liveness_peak() {
     ex.train_iteration(&g).unwrap();
     ex.p.boundary();
     let l = liveness::analyze(&ex.p).unwrap();
-    let t = liveness::emit(&ex.p, &l, TraceMeta::default());
+    let times = timeline::schedule(&ex.p, &cfg.cost);
+    let t = liveness::emit(&ex.p, &l, &times, TraceMeta::default());
     t.validate().unwrap();
     assert_eq!(l.peak_live(&ex.p).0, peak_live(&t));
 }
