@@ -334,3 +334,150 @@ fn unbound_external_is_an_error_not_a_panic() {
     let mut ex = expand::Expander::new(CostModel::h200(), None, &[]);
     assert!(matches!(ex.forward(&g, &[]), Err(TraceError::Param(_))));
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn family() -> impl Strategy<Value = Family> {
+        prop_oneof![
+            Just(Family::Mlp),
+            Just(Family::Cnn),
+            Just(Family::Transformer),
+            Just(Family::Bert)
+        ]
+    }
+
+    fn mode() -> impl Strategy<Value = Mode> {
+        prop_oneof![Just(Mode::Train), Just(Mode::Infer), Just(Mode::Generate)]
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn config(
+        family: Family,
+        mode: Mode,
+        batch: u64,
+        seq: u64,
+        image: u64,
+        width: u64,
+        depth: u64,
+        heads: u64,
+        bf16: bool,
+        iterations: usize,
+        seed: u64,
+        dynamic: Option<Vec<u64>>,
+    ) -> SynthConfig {
+        SynthConfig {
+            family,
+            mode,
+            batch,
+            seq,
+            image,
+            width,
+            depth,
+            heads,
+            vocab: 97,
+            positions: 64,
+            classes: 10,
+            in_features: 24,
+            precision: if bf16 {
+                Precision::Bf16Autocast
+            } else {
+                Precision::Fp32
+            },
+            optimizer: if seed % 2 == 0 {
+                Optimizer::AdamW
+            } else {
+                Optimizer::SgdMomentum
+            },
+            iterations,
+            seed,
+            dynamic: dynamic.map(|values| Dynamic {
+                param: if family == Family::Cnn {
+                    DynParam::Image
+                } else {
+                    DynParam::Seq
+                },
+                values,
+            }),
+            generation: GenSpec {
+                batches: vec![1, 2],
+                prompts: vec![3, 5],
+                new_tokens: vec![1, 4],
+            },
+            ..SynthConfig::mlp()
+        }
+    }
+
+    fn check_trace(cfg: &SynthConfig, t: &Trace) -> Result<(), TestCaseError> {
+        prop_assert!(t.validate().is_ok());
+        prop_assert_eq!(t.iterations(), cfg.iterations);
+        let allocs = t
+            .events
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::Alloc { .. }))
+            .count();
+        prop_assert_eq!(t.tensors.len(), t.static_blocks.len() + allocs);
+        prop_assert_eq!(&generate(cfg).unwrap(), t);
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(40))]
+
+        /// Any configuration inside the documented ranges generates a valid trace,
+        /// deterministically, with one `TensorMeta` per block and allocation.
+        #[test]
+        fn valid_configs_generate_valid_deterministic_traces(
+            family in family(),
+            train in any::<bool>(),
+            batch in 1u64..4,
+            seq in 1u64..24,
+            image in 32u64..72,
+            width in 1u64..12,
+            depth in 1u64..3,
+            bf16 in any::<bool>(),
+            iterations in 1usize..3,
+            seed in any::<u64>(),
+            dynamic in proptest::option::of(proptest::collection::vec(32u64..64, 1..4)),
+        ) {
+            let (mode, depth) = match family {
+                Family::Cnn => (Mode::Train, [18, 34, 50][depth as usize % 3]),
+                Family::Transformer if !train => (Mode::Generate, depth),
+                _ => (if train { Mode::Train } else { Mode::Infer }, depth),
+            };
+            // Widths that the heads divide; CNN widths are channels.
+            let heads = 2;
+            let width = width * 2 * if family == Family::Cnn { 4 } else { 1 };
+            let cfg = config(family, mode, batch, seq, image, width, depth, heads, bf16,
+                iterations, seed, dynamic);
+            let t = generate(&cfg);
+            prop_assert!(t.is_ok(), "{:?}: {:?}", cfg.name(), t.err());
+            check_trace(&cfg, &t.unwrap())?;
+        }
+
+        /// Anything else: a valid trace or a parameter error, never a panic.
+        #[test]
+        fn any_small_config_is_a_trace_or_a_clean_error(
+            family in family(),
+            mode in mode(),
+            batch in 0u64..4,
+            seq in 0u64..80,
+            image in 0u64..72,
+            width in 0u64..24,
+            depth in 0u64..60,
+            heads in 0u64..5,
+            bf16 in any::<bool>(),
+            iterations in 0usize..3,
+            seed in any::<u64>(),
+            dynamic in proptest::option::of(proptest::collection::vec(0u64..80, 0..3)),
+        ) {
+            let cfg = config(family, mode, batch, seq, image, width, depth, heads, bf16,
+                iterations, seed, dynamic);
+            match generate(&cfg) {
+                Ok(t) => check_trace(&cfg, &t)?,
+                Err(e) => prop_assert!(matches!(e, TraceError::Param(_)), "{e}"),
+            }
+        }
+    }
+}
