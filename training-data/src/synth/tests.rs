@@ -385,7 +385,7 @@ mod properties {
             } else {
                 Precision::Fp32
             },
-            optimizer: if seed % 2 == 0 {
+            optimizer: if seed.is_multiple_of(2) {
                 Optimizer::AdamW
             } else {
                 Optimizer::SgdMomentum
