@@ -112,6 +112,9 @@ pub struct GenArgs {
     /// Choices for `--dynamic`, e.g. `64,128,256,512`.
     #[arg(long, value_delimiter = ',', requires = "dynamic")]
     pub values: Vec<u64>,
+    /// Take `--values` in order (repeating) instead of drawing them: replays a schedule.
+    #[arg(long, requires = "dynamic")]
+    pub in_order: bool,
     /// Generation: batch choices per request.
     #[arg(long, value_delimiter = ',')]
     pub gen_batches: Vec<u64>,
@@ -183,6 +186,7 @@ impl GenArgs {
                 DynamicArg::Image => DynParam::Image,
             },
             values: self.values.clone(),
+            in_order: self.in_order,
         });
         for (slot, given) in [
             (&mut c.generation.batches, &self.gen_batches),

@@ -64,11 +64,14 @@ impl std::str::FromStr for DynParam {
 }
 
 /// A per-iteration choice of one shape parameter, uniformly from `values` (as the real
-/// dynamic traces were recorded: e.g. sequence length in {64, 128, 256, 512}).
+/// dynamic traces were recorded: e.g. sequence length in {64, 128, 256, 512}), or, with
+/// `in_order`, `values` taken in order and repeated (to replay a known schedule).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Dynamic {
     pub param: DynParam,
     pub values: Vec<u64>,
+    #[serde(default)]
+    pub in_order: bool,
 }
 
 /// The shape of one iteration.
@@ -96,8 +99,12 @@ pub fn shapes(
         ));
     }
     Ok((0..iterations)
-        .map(|_| {
-            let x = rng.pick(&d.values);
+        .map(|i| {
+            let x = if d.in_order {
+                d.values[i % d.values.len()]
+            } else {
+                rng.pick(&d.values)
+            };
             let mut s = base;
             match d.param {
                 DynParam::Batch => s.batch = x,
@@ -131,6 +138,7 @@ mod tests {
         let d = Dynamic {
             param: DynParam::Seq,
             values: vec![64, 128, 256, 512],
+            in_order: false,
         };
         let a = shapes(base, Some(&d), 64, &mut SplitMix64::new(7)).unwrap();
         let b = shapes(base, Some(&d), 64, &mut SplitMix64::new(7)).unwrap();
@@ -144,7 +152,16 @@ mod tests {
         let empty = Dynamic {
             param: DynParam::Batch,
             values: vec![],
+            in_order: false,
         };
         assert!(shapes(base, Some(&empty), 1, &mut SplitMix64::new(0)).is_err());
+        let cycle = Dynamic {
+            param: DynParam::Batch,
+            values: vec![3, 1, 2],
+            in_order: true,
+        };
+        let s = shapes(base, Some(&cycle), 5, &mut SplitMix64::new(0)).unwrap();
+        let batches: Vec<u64> = s.iter().map(|s| s.batch).collect();
+        assert_eq!(batches, vec![3, 1, 2, 3, 1]);
     }
 }

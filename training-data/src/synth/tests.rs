@@ -73,6 +73,7 @@ fn same_seed_same_trace_other_seed_other_schedule() {
         dynamic: Some(Dynamic {
             param: DynParam::Seq,
             values: vec![16, 32, 64, 128],
+            in_order: false,
         }),
         iterations: 8,
         seed: 42,
@@ -91,6 +92,7 @@ fn dynamic_sequence_length_scales_each_iteration() {
         dynamic: Some(Dynamic {
             param: DynParam::Seq,
             values: vec![32, 128],
+            in_order: false,
         }),
         iterations: 12,
         seed: 3,
@@ -120,7 +122,11 @@ fn dynamic_batch_and_image_size() {
         ),
     ] {
         let t = generate(&SynthConfig {
-            dynamic: Some(Dynamic { param, values }),
+            dynamic: Some(Dynamic {
+                param,
+                values,
+                in_order: false,
+            }),
             iterations: 10,
             seed: 1,
             ..fam
@@ -285,6 +291,7 @@ fn bad_parameters_are_errors_not_panics() {
             dynamic: Some(Dynamic {
                 param: DynParam::Batch,
                 values: vec![],
+                in_order: false,
             }),
             ..SynthConfig::mlp()
         },
@@ -399,6 +406,7 @@ mod properties {
                     DynParam::Seq
                 },
                 values,
+                in_order: false,
             }),
             generation: GenSpec {
                 batches: vec![1, 2],

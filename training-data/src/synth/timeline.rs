@@ -3,8 +3,11 @@
 //! Allocation, access and free calls are made by the host when it launches a kernel,
 //! not when the kernel runs (the caching allocator works on the host timeline, and
 //! recorded `time_us` values are host times). The host runs ahead of the device by up to
-//! `queue_depth` kernels, and waits for the device at synchronization points (iteration
-//! boundaries, `.item()`-style checks).
+//! `queue_depth` kernels, and waits for the device at synchronization points
+//! (`.item()`-style checks such as generation's stopping test). Iteration boundaries are
+//! not such points: in the real dynamic recordings the host time of an iteration follows
+//! the previous iteration's shape (the host waits there for the device to drain it), and
+//! the real GPT-2 recording shows the same start-of-iteration plateau that this model gives.
 //!
 //! Per step `i` with `k` kernels and device time `d`:
 //! - at a sync point: `host = max(host, device)`;
