@@ -1,7 +1,8 @@
 //! `memcast trace gen`: a synthetic trace from a computation graph, written in the native
 //! format. Every size defaults to the family's preset (MLP 1024 -> 4096 x 4 -> 1000;
 //! ResNet-50 batch 64 at 224x224, fp32, SGD; GPT-2 small batch 8 x 1024, bf16, AdamW;
-//! BERT-base batch 32 x 128, fp32, AdamW).
+//! BERT-base batch 32 x 128, fp32, AdamW; MobileNetV3-Large batch 128 at 224x224, fp32,
+//! SGD).
 
 use std::path::PathBuf;
 
@@ -22,6 +23,8 @@ pub enum FamilyArg {
     Transformer,
     /// BERT-style encoder, masked-LM pre-training.
     Bert,
+    /// MobileNetV3-Large.
+    Mobilenet,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -73,7 +76,8 @@ pub struct GenArgs {
     /// Square image side in pixels (cnn).
     #[arg(long)]
     pub image: Option<u64>,
-    /// Hidden width (mlp), base channels (cnn), model width (transformer, bert).
+    /// Hidden width (mlp), base channels (cnn; mobilenet: 16 = standard), model width
+    /// (transformer, bert).
     #[arg(long)]
     pub width: Option<u64>,
     /// Hidden layers (mlp), ResNet depth 18/34/50/101/152 (cnn), blocks (transformer, bert).
@@ -143,6 +147,7 @@ impl GenArgs {
             FamilyArg::Cnn => Family::Cnn,
             FamilyArg::Transformer => Family::Transformer,
             FamilyArg::Bert => Family::Bert,
+            FamilyArg::Mobilenet => Family::MobileNet,
         };
         let mut c = SynthConfig::preset(family);
         c.mode = match self.mode {

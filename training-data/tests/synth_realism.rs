@@ -271,6 +271,15 @@ fn generation_request_peak_within_30_percent_of_real() {
     assert_eq!(s.static_bytes, r.static_bytes, "fp32 weights + workspaces");
 }
 
+/// MobileNetV3-Large (batch 128, 224x224, fp32, SGD).
+#[test]
+fn mobilenet_v3_peak_within_30_percent_of_real() {
+    compare(
+        "mobilenet_v3_b128_train",
+        &generate(&SynthConfig::mobilenet_v3()).unwrap(),
+    );
+}
+
 /// BERT-base MLM (batch 32, seq 128, fp32, AdamW).
 #[test]
 fn bert_peak_within_30_percent_of_real() {

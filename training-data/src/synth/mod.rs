@@ -4,7 +4,8 @@
 //! - [`graph`]: the graph model (values with shapes and dtypes, ops with what they save);
 //! - [`ops`], [`ops_nn`]: PyTorch layers as ops, with autocast and PyTorch's allocation
 //!   behaviour;
-//! - [`families`]: MLP, ResNet (bottleneck), GPT-2 and BERT graphs for a given shape;
+//! - [`families`]: MLP, ResNet (bottleneck), MobileNetV3, GPT-2 and BERT graphs for a
+//!   given shape;
 //! - [`expand`]: a graph -> program steps for a training iteration (forward, saved
 //!   activations, backward, gradients, optimizer) or an inference forward;
 //! - [`generation`]: KV-cached generation requests (prefill + growing decode steps);
@@ -52,6 +53,8 @@ pub enum Family {
     Transformer,
     /// BERT-style encoder (masked LM).
     Bert,
+    /// MobileNetV3-Large (depthwise convolutions, many small tensors).
+    MobileNet,
 }
 
 /// What the trace records.
@@ -171,6 +174,16 @@ impl SynthConfig {
         }
     }
 
+    /// torchvision MobileNetV3-Large, batch 128, 224x224, fp32, SGD with momentum.
+    pub fn mobilenet_v3() -> Self {
+        SynthConfig {
+            family: Family::MobileNet,
+            batch: 128,
+            width: 16,
+            ..SynthConfig::resnet50()
+        }
+    }
+
     /// A 4-layer MLP, 1024 -> 4096 x 4 -> 1000, batch 256, fp32, SGD with momentum.
     pub fn mlp() -> Self {
         SynthConfig {
@@ -191,6 +204,7 @@ impl SynthConfig {
             Family::Cnn => SynthConfig::resnet50(),
             Family::Transformer => SynthConfig::gpt2_small(),
             Family::Bert => SynthConfig::bert_base(),
+            Family::MobileNet => SynthConfig::mobilenet_v3(),
         }
     }
 
@@ -291,6 +305,7 @@ impl SynthConfig {
             _ if self.mode == Mode::Generate => format!("d{}_w{}", self.depth, self.width),
             Family::Mlp => format!("b{}_w{}_d{}", self.batch, self.width, self.depth),
             Family::Cnn => format!("d{}_b{}_i{}", self.depth, self.batch, self.image),
+            Family::MobileNet => format!("w{}_b{}_i{}", self.width, self.batch, self.image),
             Family::Transformer | Family::Bert => format!(
                 "d{}_w{}_b{}_s{}",
                 self.depth, self.width, self.batch, self.seq
@@ -334,6 +349,9 @@ impl SynthConfig {
             )?,
             Family::Transformer => families::transformer::build(self.gpt(), shape, ac, train)?,
             Family::Bert => families::bert::build(self.gpt(), shape, ac, train)?,
+            Family::MobileNet => {
+                families::mobilenet::build(self.width, self.classes, shape, ac, train)?
+            }
         };
         g.check_invariants()?;
         Ok(g)

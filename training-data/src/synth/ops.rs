@@ -164,15 +164,38 @@ impl Net {
         )[0]
     }
 
-    /// `nn.Conv2d(cin, cout, k, stride, padding=k/2, bias=False)` on NCHW `x`.
+    /// `nn.Conv2d(cin, cout, k, stride, padding=k/2, bias=False)` on NCHW `x`, with the
+    /// cuDNN workspaces seen in the real ResNet-50 trace.
     pub fn conv2d(&mut self, name: &str, x: ValueId, cout: u64, k: u64, stride: u64) -> ValueId {
+        self.conv2d_ex(name, x, cout, k, stride, 1, false, true)
+    }
+
+    /// `nn.Conv2d` with `groups` (depthwise when `groups == cin`), an optional bias, and
+    /// with or without cuDNN workspaces (the real MobileNetV3 trace shows none).
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv2d_ex(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        cout: u64,
+        k: u64,
+        stride: u64,
+        groups: u64,
+        bias: bool,
+        workspace: bool,
+    ) -> ValueId {
         let s = self.shape(x);
         let (n, cin, h, w) = (s[0], s[1], s[2], s[3]);
-        let wt = self
-            .b
-            .param(&format!("{name}.weight"), &[cout, cin, k, k], DType::F32);
+        let groups = groups.max(1);
+        let wt = self.b.param(
+            &format!("{name}.weight"),
+            &[cout, cin / groups, k, k],
+            DType::F32,
+        );
+        let bv = bias.then(|| self.b.param(&format!("{name}.bias"), &[cout], DType::F32));
         let xc = self.mm_operand(name, x);
         let wc = self.mm_operand(name, wt);
+        let bc = bv.map(|b| self.mm_operand(name, b));
         let pad = k / 2;
         let ho = (h + 2 * pad - k) / stride + 1;
         let wo = (w + 2 * pad - k) / stride + 1;
@@ -182,29 +205,31 @@ impl Net {
         // 400-byte scratch buffer forward and 4 MiB backward; 3x3 ones about twice the
         // input plus the weight (there: 2 * in + w + 147 bytes, forward and data-grad).
         // The real sizes depend on the algorithm cuDNN picks; this is the common case.
-        let w_bytes = cout * cin * k * k * dt.size();
-        let (fwd_ws, bwd_ws) = if k == 1 {
-            (400, 4 << 20)
-        } else {
-            (2 * in_bytes + w_bytes, 2 * in_bytes + w_bytes)
+        let w_bytes = cout * (cin / groups) * k * k * dt.size();
+        let (fwd_temps, bwd_temps) = match (workspace, k) {
+            (false, _) => (vec![], vec![]),
+            (true, 1) => (vec![400], vec![4 << 20]),
+            (true, _) => (vec![2 * in_bytes + w_bytes], vec![2 * in_bytes + w_bytes]),
         };
-        let flops = 2.0 * (n * cout * ho * wo * cin * k * k) as f64;
+        let flops = 2.0 * (n * cout * ho * wo * (cin / groups) * k * k) as f64;
+        let mut inputs = vec![xc, wc];
+        inputs.extend(bc);
         self.b.op(
             name,
-            &[xc, wc],
+            &inputs,
             None,
             &[("out", vec![n, cout, ho, wo], dt)],
             OpSpec {
                 saved_in: vec![0, 1],
-                diff_inputs: vec![xc, wc],
+                diff_inputs: inputs.clone(),
                 unit: Unit::Matmul {
                     dtype: dt,
                     tf32: dt == DType::F32,
                 },
                 fwd_flops: flops,
                 bwd_flops: 2.0 * flops,
-                fwd_temps: vec![fwd_ws],
-                bwd_temps: vec![bwd_ws],
+                fwd_temps,
+                bwd_temps,
                 ..Default::default()
             },
         )[0]
@@ -283,6 +308,24 @@ impl Net {
         )[0]
     }
 
+    /// An elementwise activation out of place that saves its input (`hardswish`,
+    /// `hardsigmoid`; torchvision's in-place hardswish saves a copy of its input, which
+    /// costs the same memory).
+    pub fn activation(&mut self, name: &str, x: ValueId) -> ValueId {
+        let (shape, dt) = (self.shape(x), self.dtype(x));
+        self.b.op(
+            name,
+            &[x],
+            None,
+            &[("out", shape, dt)],
+            OpSpec {
+                saved_in: vec![0],
+                diff_inputs: vec![x],
+                ..Default::default()
+            },
+        )[0]
+    }
+
     /// `a += b` in place: the output gradient passes to both.
     pub fn add_(&mut self, name: &str, a: ValueId, b: ValueId) -> ValueId {
         self.b.op(
@@ -315,10 +358,16 @@ impl Net {
         )[0]
     }
 
-    /// `a * b` of two tensors: saves both for the backward.
+    /// `a * b` of two tensors (`b` may broadcast): saves both for the backward, whose
+    /// gradient for a broadcast `b` is `(grad * a)` at full size, then summed.
     pub fn mul(&mut self, name: &str, a: ValueId, b: ValueId) -> ValueId {
         let dt = promote(self.dtype(a), self.dtype(b));
         let shape = self.shape(a);
+        let bwd_temps = if self.numel(b) < self.numel(a) {
+            vec![self.b.value(a).numel() * dt.size()]
+        } else {
+            vec![]
+        };
         self.b.op(
             name,
             &[a, b],
@@ -327,6 +376,7 @@ impl Net {
             OpSpec {
                 saved_in: vec![0, 1],
                 diff_inputs: vec![a, b],
+                bwd_temps,
                 ..Default::default()
             },
         )[0]
@@ -418,13 +468,23 @@ impl Net {
 
     /// Global average pooling NCHW -> `[n, c]` (flatten is a view).
     pub fn avgpool(&mut self, name: &str, x: ValueId) -> ValueId {
+        self.avgpool_dims(name, x, false)
+    }
+
+    /// Global average pooling NCHW -> `[n, c]`, or `[n, c, 1, 1]` with `keep`.
+    pub fn avgpool_dims(&mut self, name: &str, x: ValueId, keep: bool) -> ValueId {
         let s = self.shape(x);
         let dt = self.dtype(x);
+        let shape = if keep {
+            vec![s[0], s[1], 1, 1]
+        } else {
+            vec![s[0], s[1]]
+        };
         self.b.op(
             name,
             &[x],
             None,
-            &[("out", vec![s[0], s[1]], dt)],
+            &[("out", shape, dt)],
             OpSpec {
                 diff_inputs: vec![x],
                 ..Default::default()

@@ -351,7 +351,8 @@ mod properties {
             Just(Family::Mlp),
             Just(Family::Cnn),
             Just(Family::Transformer),
-            Just(Family::Bert)
+            Just(Family::Bert),
+            Just(Family::MobileNet)
         ]
     }
 
@@ -451,6 +452,7 @@ mod properties {
         ) {
             let (mode, depth) = match family {
                 Family::Cnn => (Mode::Train, [18, 34, 50][depth as usize % 3]),
+                Family::MobileNet => (if train { Mode::Train } else { Mode::Infer }, depth),
                 Family::Transformer if !train => (Mode::Generate, depth),
                 _ => (if train { Mode::Train } else { Mode::Infer }, depth),
             };

@@ -3,4 +3,5 @@
 pub mod bert;
 pub mod cnn;
 pub mod mlp;
+pub mod mobilenet;
 pub mod transformer;
