@@ -12,7 +12,7 @@
 //! - HBM3e: 4.8 TB/s;
 //! - achieved fractions: 65% of peak FLOP/s, 40% of peak bandwidth; 2 us minimum per kernel;
 //! - host: 12 us per launched kernel, runs at most 1024 kernels ahead of the device
-//!   (an assumed launch-queue depth), and 2.8 ms of Python
+//!   (an assumed launch-queue depth), and 2.65 ms of Python
 //!   per generated token (Hugging Face `generate`'s loop: logits processors, stopping
 //!   criteria, cache bookkeeping).
 //!
@@ -63,7 +63,7 @@ impl CostModel {
             device_min_us: 2.0,
             host_us_per_kernel: 12.0,
             queue_depth: 1024,
-            host_us_per_token: 2800.0,
+            host_us_per_token: 2650.0,
         }
     }
 

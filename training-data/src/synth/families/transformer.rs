@@ -203,14 +203,59 @@ pub fn build_decode(
     // Only the last position's logits are computed (`logits_to_keep=1`), then upcast.
     let last = net.copy("last_hidden", hf, vec![b, 1, d.width]);
     let logits = net.linear_with("lm_head", last, wte, None);
-    let lf = net.cast("logits_float", logits, DType::F32);
-    let next = net.b.op(
-        "argmax",
-        &[lf],
+    // `generate` copies the last logits to fp32 (a copy even when they already are).
+    let lf = net.b.op(
+        "generate.next_token_logits",
+        &[logits],
         None,
-        &[("out", vec![b], DType::I64)],
+        &[("out", vec![b, d.vocab], DType::F32)],
         OpSpec::default(),
     )[0];
+    let next = generate_bookkeeping(&mut net, lf, b, past + new);
     net.b.hold(next);
     Ok(net.b.finish(None))
+}
+
+/// The small tensors Hugging Face's greedy `generate` loop makes per token after the
+/// forward, as seen in the real recording: argmax, padding of finished rows, the grown
+/// `input_ids` and `attention_mask`, the end-of-sequence test and the unfinished-rows
+/// update. Returns the next token ids.
+fn generate_bookkeeping(net: &mut Net, logits: ValueId, b: u64, len: u64) -> ValueId {
+    let mut op = |name: &str, inputs: &[ValueId], shape: Vec<u64>, dt: DType| {
+        net.b
+            .op(name, inputs, None, &[("out", shape, dt)], OpSpec::default())[0]
+    };
+    let next = op("generate.argmax", &[logits], vec![b], DType::I64);
+    let unfinished = op("generate.unfinished", &[], vec![b], DType::I64);
+    let kept = op(
+        "generate.mul_unfinished",
+        &[next, unfinished],
+        vec![b],
+        DType::I64,
+    );
+    let pad = op("generate.pad_finished", &[unfinished], vec![b], DType::I64);
+    let next = op("generate.next_tokens", &[kept, pad], vec![b], DType::I64);
+    op(
+        "generate.input_ids_cat",
+        &[next],
+        vec![b, len + 1],
+        DType::I64,
+    );
+    op(
+        "generate.attention_mask_cat",
+        &[],
+        vec![b, len + 1],
+        DType::I64,
+    );
+    op("generate.cache_position", &[], vec![1], DType::I64);
+    let eos = op("generate.is_eos", &[next], vec![b], DType::Bool);
+    let not_eos = op("generate.not_eos", &[eos], vec![b], DType::Bool);
+    let still = op(
+        "generate.and_unfinished",
+        &[not_eos, unfinished],
+        vec![b],
+        DType::I64,
+    );
+    op("generate.any_unfinished", &[still], vec![], DType::I64);
+    next
 }
