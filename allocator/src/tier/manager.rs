@@ -1,0 +1,661 @@
+//! [`TierManager`]: tensors by handle over the device allocator and the host tiers.
+//!
+//! The caller registers a tensor (device memory is allocated and the tensor counts as
+//! written), accesses it (`access` returns device memory, faulting the tensor in
+//! synchronously if it is on the host: a counted stall), and frees it. In between, the
+//! manager spills tensors to the host when device use passes the high watermark and
+//! prefetches them back as the prefetch policy says. Steps: tensors accessed in the
+//! current step are pinned on the device until [`TierManager::end_step`] (a kernel
+//! needs all its operands at once).
+//!
+//! Conservation (checked by [`TierManager::check_invariants`]):
+//! `allocator requested bytes == sum of device bytes of live tensors + device bytes of
+//! orphaned transfers`, and every tensor is in exactly one [`Place`].
+
+use serde::Serialize;
+
+use crate::backend::{DeviceBackend, DevicePtr, MemRef};
+use crate::pool::{Allocation, Allocator};
+
+use super::handle::{Entry, Place, Registry, TensorHandle, TensorKey, MAX_K};
+use super::prefetch::{PrefetchPolicy, PrefetchView, PreviousIterationOrder, Residency};
+use super::spill::{LinkCost, LruK, MigrationCost, SpillPolicy};
+use super::staging::{HostLoc, StagingPool};
+use super::transfer::{Completion, Direction, Done, Pipeline};
+use super::{TierConfig, TierError};
+
+/// How a tensor is registered.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TensorOpts {
+    /// Lives across iterations (parameters, optimizer state).
+    pub persistent: bool,
+    /// Recompute cost in microseconds (0 = not recomputable).
+    pub recompute_us: f64,
+    /// Probability that the caller recomputes it instead of fetching it.
+    pub recompute_prob: f64,
+}
+
+/// What the tiering layer counted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TierStats {
+    /// Spills issued (device to host copies) and their bytes.
+    pub spills: u64,
+    pub spilled_bytes: u64,
+    /// Spills that went to the pinned pool / to pageable memory.
+    pub spills_warm: u64,
+    pub spills_cold: u64,
+    /// Spills issued on the out-of-memory path (the caller waited for them).
+    pub sync_spills: u64,
+    /// Spills cancelled because the tensor was accessed while its copy was in flight.
+    pub cancelled_spills: u64,
+    /// Prefetches issued and their bytes.
+    pub prefetches: u64,
+    pub prefetched_bytes: u64,
+    /// Accesses that found a prefetched tensor ready on the device.
+    pub prefetch_hits: u64,
+    /// Accesses that found a prefetch still in flight (waited: counted as misses).
+    pub prefetch_late: u64,
+    /// Accesses of tensors on the host with no prefetch (synchronous fault).
+    pub faults: u64,
+    pub fault_bytes: u64,
+    /// Prefetched tensors freed or spilled again before any access.
+    pub prefetch_wasted: u64,
+    /// Time the caller waited for transfers (faults, late prefetches, OOM-path spills).
+    pub transfer_stall_us: f64,
+    /// Failed copies and host allocations (tensor kept where it was).
+    pub transfer_failures: u64,
+    pub host_alloc_failures: u64,
+    /// Out-of-memory errors returned.
+    pub ooms: u64,
+    /// Host bytes holding tensors (warm + cold), now and at peak.
+    pub host_bytes: u64,
+    pub peak_host_bytes: u64,
+    pub accesses: u64,
+}
+
+impl TierStats {
+    /// `hits / (hits + misses)`, misses = faults + late prefetches; 1 when none.
+    pub fn prefetch_hit_rate(&self) -> f64 {
+        let n = self.prefetch_hits + self.prefetch_misses();
+        if n == 0 {
+            1.0
+        } else {
+            self.prefetch_hits as f64 / n as f64
+        }
+    }
+    pub fn prefetch_misses(&self) -> u64 {
+        self.faults + self.prefetch_late
+    }
+}
+
+/// The tiering mechanism. See the module docs.
+pub struct TierManager<B: DeviceBackend> {
+    pub(crate) alloc: Allocator<B>,
+    pub(crate) cfg: TierConfig,
+    pub(crate) reg: Registry,
+    pub(crate) staging: StagingPool,
+    pub(crate) pipe: Pipeline,
+    pub(crate) spill: Box<dyn SpillPolicy>,
+    pub(crate) cost: Box<dyn MigrationCost>,
+    pub(crate) prefetch: Box<dyn PrefetchPolicy>,
+    pub(crate) stats: TierStats,
+    /// Current step: tensors with `entry.step == step` are pinned.
+    pub(crate) step: u64,
+    /// Non-persistent tensors registered this iteration, by ordinal.
+    pub(crate) ordinals: Vec<TensorHandle>,
+    /// Device bytes (requested) that in-flight spills will release.
+    // Invariant: == sum of SpillingOut tensors' bytes + orphaned spills' device bytes.
+    pub(crate) releasing: u64,
+    pub(crate) done: Vec<Done>,
+    pub(crate) plan: Vec<TensorHandle>,
+}
+
+impl<B: DeviceBackend> std::fmt::Debug for TierManager<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TierManager")
+            .field("tensors", &self.reg.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: DeviceBackend> TierManager<B> {
+    /// A manager with the reactive policies (LRU-K over link cost, previous-iteration
+    /// prefetch). Allocates the pinned staging pool now (costly: do it once).
+    pub fn new(alloc: Allocator<B>, cfg: TierConfig) -> Result<Self, TierError> {
+        let spill = Box::new(LruK { k: cfg.lru_k });
+        let prefetch = Box::new(PreviousIterationOrder::new(cfg.prefetch_window));
+        Self::with_policies(alloc, cfg, spill, Box::new(LinkCost::default()), prefetch)
+    }
+
+    /// A manager with caller-chosen policies (predictive mode plugs in here).
+    pub fn with_policies(
+        mut alloc: Allocator<B>,
+        cfg: TierConfig,
+        spill: Box<dyn SpillPolicy>,
+        cost: Box<dyn MigrationCost>,
+        prefetch: Box<dyn PrefetchPolicy>,
+    ) -> Result<Self, TierError> {
+        cfg.validate()?;
+        let staging = StagingPool::new(alloc.backend_mut(), cfg.staging_bytes)?;
+        let pipe = Pipeline::new(alloc.backend_mut())?;
+        Ok(TierManager {
+            alloc,
+            cfg,
+            reg: Registry::default(),
+            staging,
+            pipe,
+            spill,
+            cost,
+            prefetch,
+            stats: TierStats::default(),
+            step: 1,
+            ordinals: Vec::new(),
+            releasing: 0,
+            done: Vec::new(),
+            plan: Vec::new(),
+        })
+    }
+
+    pub fn config(&self) -> &TierConfig {
+        &self.cfg
+    }
+    pub fn stats(&self) -> &TierStats {
+        &self.stats
+    }
+    pub fn allocator(&self) -> &Allocator<B> {
+        &self.alloc
+    }
+    pub fn backend(&self) -> &B {
+        self.alloc.backend()
+    }
+    pub fn backend_mut(&mut self) -> &mut B {
+        self.alloc.backend_mut()
+    }
+    pub fn staging(&self) -> &StagingPool {
+        &self.staging
+    }
+    pub fn len(&self) -> usize {
+        self.reg.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.reg.is_empty()
+    }
+    /// Where a tensor is now.
+    pub fn place(&self, h: TensorHandle) -> Result<Place, TierError> {
+        Ok(self.reg.get(h)?.place)
+    }
+    pub fn bytes(&self, h: TensorHandle) -> Result<u64, TierError> {
+        Ok(self.reg.get(h)?.bytes)
+    }
+
+    /// Registers a tensor of `bytes` (> 0): allocates device memory (spilling others if
+    /// needed) and counts as a write access in the current step.
+    pub fn register(&mut self, bytes: u64, opts: TensorOpts) -> Result<TensorHandle, TierError> {
+        if bytes == 0 {
+            return Err(TierError::Alloc(crate::error::AllocError::ZeroSize));
+        }
+        let alloc = self.device_alloc(bytes)?;
+        let now = self.alloc.backend().now_us();
+        let key_ordinal = self.ordinals.len() as u32;
+        let mut e = Entry {
+            bytes,
+            place: Place::Device { alloc },
+            key: TensorKey::Ordinal(key_ordinal),
+            persistent: opts.persistent,
+            history: [f64::NEG_INFINITY; MAX_K],
+            recompute_us: opts.recompute_us.max(0.0),
+            recompute_prob: opts.recompute_prob.clamp(0.0, 1.0),
+            step: 0,
+            prefetched_unused: false,
+        };
+        e.touch(now, self.step);
+        let h = self.reg.insert(e);
+        let key = if opts.persistent {
+            TensorKey::Persistent(h)
+        } else {
+            self.ordinals.push(h);
+            TensorKey::Ordinal(key_ordinal)
+        };
+        self.reg.get_mut(h)?.key = key;
+        self.prefetch.on_alloc(key, bytes);
+        self.run_prefetcher()?;
+        Ok(h)
+    }
+
+    /// Makes `h` device-resident and returns its device address; the tensor is pinned
+    /// until the step ends. A tensor on the host is fetched synchronously (a stall); a
+    /// prefetch in flight is waited for; a spill in flight is cancelled.
+    pub fn access(&mut self, h: TensorHandle, _write: bool) -> Result<DevicePtr, TierError> {
+        self.poll()?;
+        let step = self.step;
+        let e = self.reg.get_mut(h)?;
+        // Pin first: nothing below may choose it as a victim.
+        e.step = step;
+        let place = e.place;
+        let ptr = match place {
+            Place::Device { alloc } => {
+                if e.prefetched_unused {
+                    self.stats.prefetch_hits += 1;
+                }
+                alloc.ptr
+            }
+            Place::SpillingOut {
+                alloc,
+                host,
+                transfer,
+            } => {
+                // The device copy is still authoritative: keep it, drop the host copy
+                // once the copy that writes it completes.
+                e.place = Place::Device { alloc };
+                let bytes = e.bytes;
+                self.pipe.orphan(
+                    transfer,
+                    Completion::Release {
+                        device: None,
+                        host: Some(host),
+                    },
+                );
+                self.releasing -= bytes;
+                self.stats.cancelled_spills += 1;
+                alloc.ptr
+            }
+            Place::PrefetchingIn {
+                alloc, transfer, ..
+            } => {
+                self.stats.prefetch_late += 1;
+                self.wait_for(transfer)?;
+                alloc.ptr
+            }
+            Place::Host { host } => {
+                let bytes = e.bytes;
+                self.fault_in(h, bytes, host)?
+            }
+        };
+        let now = self.alloc.backend().now_us();
+        let e = self.reg.get_mut(h)?;
+        e.touch(now, step);
+        let key = e.key;
+        self.stats.accesses += 1;
+        self.prefetch.on_access(key);
+        self.run_prefetcher()?;
+        Ok(ptr)
+    }
+
+    /// Frees a tensor wherever it is. Buffers of a copy in flight are released when the
+    /// copy completes.
+    pub fn free(&mut self, h: TensorHandle) -> Result<(), TierError> {
+        let e = self.reg.remove(h)?;
+        self.prefetch.on_free(e.key, e.bytes);
+        if e.prefetched_unused {
+            self.stats.prefetch_wasted += 1;
+        }
+        match e.place {
+            Place::Device { alloc } => self.alloc.deallocate(alloc, 0)?,
+            Place::Host { host } => self.release_host(host)?,
+            Place::SpillingOut {
+                alloc,
+                host,
+                transfer,
+            }
+            | Place::PrefetchingIn {
+                alloc,
+                host,
+                transfer,
+            } => {
+                let orphaned = self.pipe.orphan(
+                    transfer,
+                    Completion::Release {
+                        device: Some(alloc),
+                        host: Some(host),
+                    },
+                );
+                if !orphaned {
+                    return Err(TierError::Invariant(format!(
+                        "tensor {h} names transfer {transfer:?}, which is not in flight"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the current step: its tensors are no longer pinned.
+    pub fn end_step(&mut self) {
+        self.step += 1;
+    }
+
+    /// An iteration boundary: the prefetcher's sequence restarts, ordinals restart.
+    pub fn iteration_boundary(&mut self) -> Result<(), TierError> {
+        self.end_step();
+        self.prefetch.on_iteration();
+        self.ordinals.clear();
+        self.run_prefetcher()
+    }
+
+    /// Starts spilling `h` to the host (asynchronously). `Ok(false)` if it is not on the
+    /// device, pinned in this step, or a copy of it is in flight.
+    pub fn spill(&mut self, h: TensorHandle) -> Result<bool, TierError> {
+        self.poll()?;
+        let e = self.reg.get(h)?;
+        if e.step == self.step || !matches!(e.place, Place::Device { .. }) {
+            return Ok(false);
+        }
+        self.start_spill(h)
+    }
+
+    /// Starts bringing `h` back to the device (asynchronously) if there is room without
+    /// spilling anything. `Ok(false)` if it is not on the host or there is no room.
+    pub fn prefetch(&mut self, h: TensorHandle) -> Result<bool, TierError> {
+        self.poll()?;
+        self.start_prefetch(h)
+    }
+
+    /// Processes completed transfers (non-blocking).
+    pub fn poll(&mut self) -> Result<(), TierError> {
+        let mut done = std::mem::take(&mut self.done);
+        let r = self.pipe.poll(self.alloc.backend_mut(), &mut done);
+        let r2 = self.finish_all(&mut done);
+        self.done = done;
+        r?;
+        r2
+    }
+
+    /// Waits for every transfer in flight and processes it.
+    pub fn synchronize(&mut self) -> Result<(), TierError> {
+        let mut done = std::mem::take(&mut self.done);
+        let t0 = self.alloc.backend().now_us();
+        let r = self.pipe.wait_all(self.alloc.backend_mut(), &mut done);
+        self.stats.transfer_stall_us += self.alloc.backend().now_us() - t0;
+        let r2 = self.finish_all(&mut done);
+        self.done = done;
+        r?;
+        r2
+    }
+
+    /// Blocks until transfer `id` (and earlier ones of its direction) completed.
+    pub(crate) fn wait_for(&mut self, id: super::transfer::TransferId) -> Result<(), TierError> {
+        let mut done = std::mem::take(&mut self.done);
+        let t0 = self.alloc.backend().now_us();
+        let r = self.pipe.wait(self.alloc.backend_mut(), id, &mut done);
+        self.stats.transfer_stall_us += self.alloc.backend().now_us() - t0;
+        let r2 = self.finish_all(&mut done);
+        self.done = done;
+        r?;
+        r2
+    }
+
+    fn finish_all(&mut self, done: &mut Vec<Done>) -> Result<(), TierError> {
+        let mut first_err = None;
+        for d in done.drain(..) {
+            if let Err(e) = self.finish(d) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// A transfer completed: move the tensor to its destination or release an orphan.
+    fn finish(&mut self, d: Done) -> Result<(), TierError> {
+        match d.completion {
+            Completion::Release { device, host } => {
+                if let Some(a) = device {
+                    if d.dir == Direction::Out {
+                        self.releasing -= a.size;
+                    }
+                    self.alloc.deallocate(a, 0)?;
+                }
+                if let Some(hl) = host {
+                    self.release_host(hl)?;
+                }
+            }
+            Completion::Finish => {
+                let e = self.reg.get_mut(d.handle)?;
+                match (d.dir, e.place) {
+                    (Direction::Out, Place::SpillingOut { alloc, host, .. }) => {
+                        e.place = Place::Host { host };
+                        self.releasing -= alloc.size;
+                        self.alloc.deallocate(alloc, 0)?;
+                    }
+                    (Direction::In, Place::PrefetchingIn { alloc, host, .. }) => {
+                        e.place = Place::Device { alloc };
+                        self.release_host(host)?;
+                    }
+                    (dir, place) => {
+                        return Err(TierError::Invariant(format!(
+                            "transfer {:?} ({dir:?}) of {} finished with the tensor at {place:?}",
+                            d.id, d.handle
+                        )))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn release_host(&mut self, host: HostLoc) -> Result<(), TierError> {
+        match host {
+            HostLoc::Warm { len, .. } => {
+                self.staging.release(host);
+                self.stats.host_bytes -= len;
+            }
+            HostLoc::Cold { ptr, len } => {
+                self.alloc.backend_mut().deallocate_host(ptr, len)?;
+                self.stats.host_bytes -= len;
+            }
+        }
+        Ok(())
+    }
+
+    /// A host buffer for `bytes`: the staging pool if it has room, else pageable.
+    pub(crate) fn host_alloc(&mut self, bytes: u64) -> Result<HostLoc, TierError> {
+        let loc = match self.staging.alloc(bytes) {
+            Some(l) => l,
+            None => {
+                let len = bytes.max(1);
+                match self.alloc.backend_mut().allocate_host(len, false) {
+                    Ok(ptr) => HostLoc::Cold { ptr, len },
+                    Err(e) => {
+                        self.stats.host_alloc_failures += 1;
+                        return Err(e.into());
+                    }
+                }
+            }
+        };
+        let len = match loc {
+            HostLoc::Warm { len, .. } | HostLoc::Cold { len, .. } => len,
+        };
+        self.stats.host_bytes += len;
+        self.stats.peak_host_bytes = self.stats.peak_host_bytes.max(self.stats.host_bytes);
+        Ok(loc)
+    }
+
+    /// Spills `h` (on the device, not pinned): host buffer, copy, state. On failure the
+    /// tensor stays on the device and `Ok(false)` is returned (failure counted).
+    pub(crate) fn start_spill(&mut self, h: TensorHandle) -> Result<bool, TierError> {
+        let e = self.reg.get(h)?;
+        let (Place::Device { alloc }, bytes, unused) = (e.place, e.bytes, e.prefetched_unused)
+        else {
+            return Ok(false);
+        };
+        let host = match self.host_alloc(bytes) {
+            Ok(l) => l,
+            Err(_) => return Ok(false),
+        };
+        let r = self.pipe.issue(
+            self.alloc.backend_mut(),
+            Direction::Out,
+            h,
+            host.mem(),
+            MemRef::Device(alloc.ptr),
+            bytes,
+        );
+        let transfer = match r {
+            Ok(t) => t,
+            Err(_) => {
+                self.stats.transfer_failures += 1;
+                self.release_host(host)?;
+                return Ok(false);
+            }
+        };
+        let e = self.reg.get_mut(h)?;
+        e.place = Place::SpillingOut {
+            alloc,
+            host,
+            transfer,
+        };
+        if unused {
+            e.prefetched_unused = false;
+            self.stats.prefetch_wasted += 1;
+        }
+        self.releasing += alloc.size;
+        self.stats.spills += 1;
+        self.stats.spilled_bytes += bytes;
+        if host.is_warm() {
+            self.stats.spills_warm += 1;
+        } else {
+            self.stats.spills_cold += 1;
+        }
+        Ok(true)
+    }
+
+    /// Prefetches `h` (on the host) if device memory is available without spilling.
+    pub(crate) fn start_prefetch(&mut self, h: TensorHandle) -> Result<bool, TierError> {
+        let e = self.reg.get(h)?;
+        let (Place::Host { host }, bytes) = (e.place, e.bytes) else {
+            return Ok(false);
+        };
+        let alloc = match self.alloc.allocate(bytes, 0) {
+            Ok(a) => a,
+            Err(crate::error::AllocError::OutOfMemory { .. }) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let r = self.pipe.issue(
+            self.alloc.backend_mut(),
+            Direction::In,
+            h,
+            MemRef::Device(alloc.ptr),
+            host.mem(),
+            bytes,
+        );
+        match r {
+            Ok(transfer) => {
+                let e = self.reg.get_mut(h)?;
+                e.place = Place::PrefetchingIn {
+                    alloc,
+                    host,
+                    transfer,
+                };
+                e.prefetched_unused = true;
+                self.stats.prefetches += 1;
+                self.stats.prefetched_bytes += bytes;
+                Ok(true)
+            }
+            Err(_) => {
+                self.stats.transfer_failures += 1;
+                self.alloc.deallocate(alloc, 0)?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Synchronous fetch of a tensor on the host (an access fault). On a failed copy the
+    /// tensor stays on the host and the error is returned.
+    fn fault_in(
+        &mut self,
+        h: TensorHandle,
+        bytes: u64,
+        host: HostLoc,
+    ) -> Result<DevicePtr, TierError> {
+        self.stats.faults += 1;
+        self.stats.fault_bytes += bytes;
+        let alloc = self.device_alloc(bytes)?;
+        let r = self.pipe.issue(
+            self.alloc.backend_mut(),
+            Direction::In,
+            h,
+            MemRef::Device(alloc.ptr),
+            host.mem(),
+            bytes,
+        );
+        let transfer = match r {
+            Ok(t) => t,
+            Err(source) => {
+                self.stats.transfer_failures += 1;
+                self.alloc.deallocate(alloc, 0)?;
+                return Err(TierError::Transfer { handle: h, source });
+            }
+        };
+        self.reg.get_mut(h)?.place = Place::PrefetchingIn {
+            alloc,
+            host,
+            transfer,
+        };
+        self.wait_for(transfer)?;
+        Ok(alloc.ptr)
+    }
+
+    /// Headroom for prefetches: `prefetch_watermark x budget - device bytes in use`,
+    /// counting spills in flight as still in use.
+    fn prefetch_headroom(&self) -> u64 {
+        let limit = (self.cfg.prefetch_watermark * self.cfg.budget as f64) as u64;
+        limit.saturating_sub(self.alloc.stats().allocated.current)
+    }
+
+    fn run_prefetcher(&mut self) -> Result<(), TierError> {
+        let headroom = self.prefetch_headroom();
+        if headroom == 0 {
+            return Ok(());
+        }
+        let mut plan = std::mem::take(&mut self.plan);
+        plan.clear();
+        {
+            let view = View {
+                reg: &self.reg,
+                ordinals: &self.ordinals,
+            };
+            self.prefetch.plan(&view, headroom, &mut plan);
+        }
+        let mut r = Ok(());
+        for &h in &plan {
+            match self.start_prefetch(h) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    r = Err(e);
+                    break;
+                }
+            }
+        }
+        self.plan = plan;
+        r
+    }
+
+    /// Device address of a tensor that is on the device now (no movement).
+    pub fn device_ptr(&self, h: TensorHandle) -> Result<Option<DevicePtr>, TierError> {
+        Ok(self.reg.get(h)?.place.device().map(|a: Allocation| a.ptr))
+    }
+}
+
+/// The registry as the prefetch policy sees it.
+struct View<'a> {
+    reg: &'a Registry,
+    ordinals: &'a [TensorHandle],
+}
+
+impl PrefetchView for View<'_> {
+    fn lookup(&self, key: TensorKey) -> Option<(TensorHandle, Residency, u64)> {
+        let h = match key {
+            TensorKey::Persistent(h) => h,
+            TensorKey::Ordinal(n) => *self.ordinals.get(n as usize)?,
+        };
+        let e = self.reg.get(h).ok()?;
+        let r = match e.place {
+            Place::Device { .. } => Residency::Device,
+            Place::Host { .. } => Residency::Host,
+            Place::PrefetchingIn { .. } => Residency::Incoming,
+            Place::SpillingOut { .. } => Residency::Outgoing,
+        };
+        Some((h, r, e.bytes))
+    }
+}

@@ -1,0 +1,156 @@
+//! Tiered memory: tensors move between device memory and host memory while the
+//! caller's handle stays valid (issue 5). Reactive form; predictive mode replaces the
+//! two policies, never the mechanisms.
+//!
+//! Tiers:
+//! - **hot**: device memory, from the crate's [`Allocator`](crate::Allocator) under a
+//!   byte budget (a [`Limit`](crate::backend::layers::Limit) layer in replay);
+//! - **warm**: one pinned host buffer allocated once at start and sub-allocated
+//!   ([`staging::StagingPool`]): pinned allocation costs ~0.6 ms per MiB on an H200
+//!   host, so it is never done on the hot path; copies run at ~55 GB/s;
+//! - **cold**: pageable host buffers, one per tensor, when the staging pool is full
+//!   (copies at 8-18 GB/s). A disk tier (mmap) is not implemented.
+//!
+//! One concern per file:
+//! - [`handle`]: handles, the registry of tensors and where each one is;
+//! - [`staging`]: the pinned staging pool (warm tier) and host locations;
+//! - [`spill`]: victim choice: the [`spill::SpillPolicy`] (LRU-K, K = 2) and
+//!   [`spill::MigrationCost`] (bytes / link bandwidth + recompute time x probability)
+//!   traits with the reactive implementations;
+//! - [`prefetch`]: the [`prefetch::PrefetchPolicy`] trait; the reactive baseline
+//!   prefetches in the order tensors were accessed in the previous iteration;
+//! - [`transfer`]: the asynchronous pipeline: low-priority streams, copies in flight
+//!   with their events, releases that wait for them (dependency tracking);
+//! - [`manager`]: [`TierManager`], the mechanism tying these together
+//!   (`register` / `access` / `spill` / `prefetch` / `free`), with watermark and
+//!   out-of-memory handling in `pressure`;
+//! - [`access`]: the access model for traces without reads (PyTorch snapshots);
+//! - [`replay`]: budgeted replay of a trace and its [`replay::TierReport`].
+//!
+//! See docs/tiers.md for the cost model, the measured replay table and how to
+//! reproduce it.
+
+pub mod access;
+pub mod handle;
+pub mod manager;
+pub mod prefetch;
+mod pressure;
+pub mod replay;
+pub mod spill;
+pub mod staging;
+pub mod transfer;
+
+#[cfg(test)]
+mod tests;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::BackendError;
+use crate::error::AllocError;
+
+pub use handle::TensorHandle;
+pub use manager::{TierManager, TierStats};
+pub use replay::{replay_budgeted, Budget, TierReplayOptions, TierReport};
+
+/// Knobs of the tiering layer. Defaults are what `memcast replay --policy reactive` uses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TierConfig {
+    /// Device budget in bytes: the watermarks are fractions of it.
+    pub budget: u64,
+    /// Start spilling (asynchronously) when allocated device bytes would pass
+    /// `high_watermark x budget` (the issue's default: 90%).
+    pub high_watermark: f64,
+    /// Spill down to `low_watermark x budget` (hysteresis: spills come in batches).
+    pub low_watermark: f64,
+    /// Prefetches may fill the device up to `prefetch_watermark x budget`.
+    pub prefetch_watermark: f64,
+    /// Bytes of the pinned staging pool (warm tier), allocated once at start.
+    pub staging_bytes: u64,
+    /// How many accesses ahead of the current one the prefetcher looks.
+    pub prefetch_window: usize,
+    /// K of LRU-K.
+    pub lru_k: usize,
+}
+
+impl Default for TierConfig {
+    fn default() -> Self {
+        TierConfig {
+            budget: u64::MAX,
+            high_watermark: 0.90,
+            low_watermark: 0.80,
+            prefetch_watermark: 0.80,
+            staging_bytes: 1 << 30,
+            prefetch_window: 512,
+            lru_k: 2,
+        }
+    }
+}
+
+impl TierConfig {
+    /// Checks the fractions are ordered and in (0, 1].
+    pub fn validate(&self) -> Result<(), TierError> {
+        let ok = |x: f64| x > 0.0 && x <= 1.0;
+        if !(ok(self.high_watermark) && ok(self.low_watermark) && ok(self.prefetch_watermark)) {
+            return Err(TierError::Config(format!(
+                "watermarks must be in (0, 1]: high {}, low {}, prefetch {}",
+                self.high_watermark, self.low_watermark, self.prefetch_watermark
+            )));
+        }
+        if self.low_watermark > self.high_watermark {
+            return Err(TierError::Config(format!(
+                "low watermark {} above high watermark {}",
+                self.low_watermark, self.high_watermark
+            )));
+        }
+        if self.lru_k == 0 || self.lru_k > handle::MAX_K {
+            return Err(TierError::Config(format!(
+                "lru_k = {} outside 1..={}",
+                self.lru_k,
+                handle::MAX_K
+            )));
+        }
+        if self.budget == 0 {
+            return Err(TierError::Config("zero device budget".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Errors of the tiering layer. After any `Err` every registered tensor is still in
+/// exactly one valid place (device or host) with its bytes: `check_invariants()` holds.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TierError {
+    /// The tensors that must be on the device at once do not fit in the budget.
+    #[error(
+        "out of device memory: {requested} bytes needed with {in_use} bytes held by tensors \
+         in use or in flight, budget {budget}: short by {short} bytes{detail}"
+    )]
+    OutOfMemory {
+        requested: u64,
+        in_use: u64,
+        budget: u64,
+        short: u64,
+        /// Extra explanation (fragmentation), empty if none.
+        detail: String,
+    },
+    /// A handle that was never issued or was already freed.
+    #[error("unknown or freed tensor handle {0}")]
+    UnknownHandle(TensorHandle),
+    /// A transfer or a host allocation failed; the tensor stayed where it was.
+    #[error("transfer of tensor {handle} failed, tensor kept where it was: {source}")]
+    Transfer {
+        handle: TensorHandle,
+        #[source]
+        source: BackendError,
+    },
+    #[error("device allocator: {0}")]
+    Alloc(#[from] AllocError),
+    #[error("device backend: {0}")]
+    Backend(#[from] BackendError),
+    #[error("tier configuration: {0}")]
+    Config(String),
+    /// `check_invariants()` found the bookkeeping broken (a bug).
+    #[error("tier invariant violated: {0}")]
+    Invariant(String),
+}

@@ -1,0 +1,217 @@
+//! Prefetch policy: which host-resident tensors to bring back before they are used.
+//!
+//! [`PrefetchPolicy`] is the trait predictive mode replaces (a forecast is advice: the
+//! manager still checks room and state before issuing anything). The reactive
+//! baseline, [`PreviousIterationOrder`], assumes this iteration accesses tensors in the
+//! order the previous one did, which is exact for static training graphs (every
+//! iteration makes the same allocations in the same order, DESIGN.md) and approximate
+//! for dynamic ones. It keeps the previous iteration's access sequence (tensor keys,
+//! see [`TensorKey`]); after each access it scans the next `window` entries of that
+//! sequence from the current position and prefetches, in order, those whose tensor is
+//! on the host, until the device headroom is used (it stops at the first that does
+//! not fit rather than skip it). Past the end the scan wraps to the sequence's start,
+//! where the next iteration's first accesses (parameters) are expected.
+//!
+//! Cost per call: O(window) registry lookups (a vector index each); the manager only
+//! calls it when there is headroom.
+
+use super::handle::{TensorHandle, TensorKey};
+
+/// Where a tensor is, as a prefetch policy sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residency {
+    Device,
+    Host,
+    /// A host-to-device copy is in flight.
+    Incoming,
+    /// A device-to-host copy is in flight.
+    Outgoing,
+}
+
+/// The manager's state as a policy may read it.
+pub trait PrefetchView {
+    /// The current tensor with this key, where it is, and its bytes.
+    fn lookup(&self, key: TensorKey) -> Option<(TensorHandle, Residency, u64)>;
+}
+
+/// Decides prefetches. The manager calls `on_alloc`, `on_access` and `on_free` for
+/// every registration, access and free (in order), `on_iteration` at iteration
+/// boundaries, and `plan` after each registration and access.
+pub trait PrefetchPolicy: Send {
+    fn on_access(&mut self, key: TensorKey);
+    /// A tensor of `bytes` was registered (also a write access).
+    fn on_alloc(&mut self, key: TensorKey, _bytes: u64) {
+        self.on_access(key);
+    }
+    /// A tensor of `bytes` was freed.
+    fn on_free(&mut self, _key: TensorKey, _bytes: u64) {}
+    fn on_iteration(&mut self);
+    /// Appends tensors to prefetch now, in order, at most `headroom` bytes in all.
+    fn plan(&mut self, view: &dyn PrefetchView, headroom: u64, out: &mut Vec<TensorHandle>);
+    fn name(&self) -> &'static str;
+}
+
+/// Never prefetches: every access of a spilled tensor faults it in (the floor a
+/// prefetcher must beat).
+#[derive(Debug, Clone, Default)]
+pub struct NoPrefetch;
+
+impl PrefetchPolicy for NoPrefetch {
+    fn on_access(&mut self, _key: TensorKey) {}
+    fn on_iteration(&mut self) {}
+    fn plan(&mut self, _: &dyn PrefetchView, _: u64, _: &mut Vec<TensorHandle>) {}
+    fn name(&self) -> &'static str {
+        "none"
+    }
+}
+
+/// One logged operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Logged {
+    Alloc(u64),
+    Access(TensorKey),
+    Free(u64),
+}
+
+/// The reactive prefetcher: the previous iteration's access order. See the module docs.
+#[derive(Debug, Clone)]
+pub struct PreviousIterationOrder {
+    /// Registrations, accesses and frees of the previous iteration, in order.
+    prev: Vec<Logged>,
+    /// Those of this iteration so far.
+    cur: Vec<Logged>,
+    pub window: usize,
+}
+
+impl PreviousIterationOrder {
+    pub fn new(window: usize) -> Self {
+        PreviousIterationOrder {
+            prev: Vec::new(),
+            cur: Vec::new(),
+            window,
+        }
+    }
+}
+
+impl PrefetchPolicy for PreviousIterationOrder {
+    fn on_access(&mut self, key: TensorKey) {
+        self.cur.push(Logged::Access(key));
+    }
+
+    fn on_alloc(&mut self, _key: TensorKey, bytes: u64) {
+        self.cur.push(Logged::Alloc(bytes));
+    }
+
+    fn on_free(&mut self, _key: TensorKey, bytes: u64) {
+        self.cur.push(Logged::Free(bytes));
+    }
+
+    fn on_iteration(&mut self) {
+        self.prev = std::mem::take(&mut self.cur);
+    }
+
+    fn plan(&mut self, view: &dyn PrefetchView, headroom: u64, out: &mut Vec<TensorHandle>) {
+        let n = self.prev.len();
+        if n == 0 {
+            return;
+        }
+        let pos = self.cur.len();
+        let end = (pos + self.window).min(2 * n);
+        // Scan the whole window every time: an entry that is resident now may be
+        // spilled before its access, so no position is ever settled for good.
+        // `delta` is the device use the previous iteration's allocations and frees
+        // predict from now to position i, `peak` its maximum so far: a prefetch must
+        // fit beside the allocations that come before its access.
+        let (mut delta, mut peak, mut planned) = (0i128, 0i128, 0i128);
+        let room = headroom as i128;
+        for i in pos..end {
+            match self.prev[i % n] {
+                Logged::Alloc(b) => {
+                    delta += b as i128;
+                    peak = peak.max(delta);
+                }
+                Logged::Free(b) => delta -= b as i128,
+                // Past the end, ordinals name next-iteration tensors not created yet.
+                Logged::Access(TensorKey::Ordinal(_)) if i >= n => {}
+                Logged::Access(key) => {
+                    if let Some((h, Residency::Host, bytes)) = view.lookup(key) {
+                        if planned + bytes as i128 + peak > room {
+                            // In order: wait for room rather than skip ahead.
+                            return;
+                        }
+                        planned += bytes as i128;
+                        out.push(h);
+                    }
+                }
+            }
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "previous-iteration-order"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    struct View(HashMap<u32, (Residency, u64)>);
+    impl PrefetchView for View {
+        fn lookup(&self, key: TensorKey) -> Option<(TensorHandle, Residency, u64)> {
+            let TensorKey::Ordinal(n) = key else {
+                return None;
+            };
+            self.0
+                .get(&n)
+                .map(|&(r, b)| (TensorHandle { index: n, gen: 0 }, r, b))
+        }
+    }
+
+    #[test]
+    fn prefetches_in_previous_order_within_headroom() {
+        let mut p = PreviousIterationOrder::new(10);
+        for n in [0, 1, 2, 3, 4] {
+            p.on_access(TensorKey::Ordinal(n));
+        }
+        p.on_alloc(TensorKey::Ordinal(5), 50);
+        p.on_access(TensorKey::Ordinal(4));
+        p.on_iteration();
+        // Nothing recorded before: first iteration plans nothing.
+        let view = View(HashMap::from([
+            (1, (Residency::Host, 10)),
+            (2, (Residency::Device, 10)),
+            (3, (Residency::Host, 30)),
+            (4, (Residency::Host, 10)),
+        ]));
+        let mut out = Vec::new();
+        p.on_access(TensorKey::Ordinal(0));
+        p.plan(&view, 25, &mut out);
+        // 1 fits, 2 is resident, 3 does not fit: stop there (in order).
+        assert_eq!(out.iter().map(|h| h.index).collect::<Vec<_>>(), vec![1]);
+        out.clear();
+        p.plan(&view, 100, &mut out);
+        assert_eq!(
+            out.iter().map(|h| h.index).collect::<Vec<_>>(),
+            vec![1, 3, 4]
+        );
+        // The window bounds the look-ahead.
+        p.window = 2;
+        out.clear();
+        p.plan(&view, 100, &mut out);
+        assert_eq!(out.iter().map(|h| h.index).collect::<Vec<_>>(), vec![1]);
+        // Past the first access of 4: its next access comes after an allocation of 50,
+        // so it must fit beside it.
+        p.window = 10;
+        for n in [1, 2, 3, 4] {
+            p.on_access(TensorKey::Ordinal(n));
+        }
+        let view4 = View(HashMap::from([(4, (Residency::Host, 10))]));
+        out.clear();
+        p.plan(&view4, 59, &mut out);
+        assert!(out.is_empty());
+        p.plan(&view4, 60, &mut out);
+        assert_eq!(out.iter().map(|h| h.index).collect::<Vec<_>>(), vec![4]);
+    }
+}

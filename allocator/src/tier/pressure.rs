@@ -1,0 +1,280 @@
+//! Device memory pressure: watermark spills, the out-of-memory path, invariants.
+//!
+//! - Before each device allocation, if allocated device bytes plus the request would
+//!   pass `high_watermark x budget`, victims are spilled asynchronously until the bytes
+//!   that will remain (spills in flight counted as gone) are at `low_watermark x budget`.
+//!   Their device memory is released when their copies complete.
+//! - If the allocation still fails (out of memory), the caller waits: first for spills
+//!   already in flight (oldest first), then for new spills it issues and waits for at
+//!   once, then for prefetches in flight (which make their tensors spillable), and
+//!   finally also spills prefetched tensors not yet used. Only when nothing can move
+//!   does it return [`TierError::OutOfMemory`] with the bytes short.
+//!
+//! Cost: building the candidate list is O(tensors) and ordering it O(n log n); it runs
+//! once per watermark crossing (a batch of spills) and per out-of-memory retry.
+
+use crate::backend::DeviceBackend;
+use crate::error::AllocError;
+use crate::pool::Allocation;
+
+use super::handle::Place;
+use super::manager::TierManager;
+use super::spill::Candidate;
+use super::transfer::{Completion, Direction};
+use super::TierError;
+
+impl<B: DeviceBackend> TierManager<B> {
+    /// Device memory for `bytes`, spilling as needed. See the module docs.
+    pub(crate) fn device_alloc(&mut self, bytes: u64) -> Result<Allocation, TierError> {
+        self.poll()?;
+        let budget = self.cfg.budget as f64;
+        let allocated = self.alloc.stats().allocated.current;
+        if (allocated + bytes) as f64 > self.cfg.high_watermark * budget {
+            let keep = (self.cfg.low_watermark * budget) as u64;
+            let target = (allocated + bytes)
+                .saturating_sub(self.releasing)
+                .saturating_sub(keep);
+            if target > 0 {
+                self.spill_batch(target, false)?;
+            }
+        }
+        let mut stage = 0;
+        loop {
+            match self.alloc.allocate(bytes, 0) {
+                Ok(a) => return Ok(a),
+                Err(AllocError::OutOfMemory { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            // Out of memory: make room, in order of increasing cost.
+            if let Some(id) = self.pipe.oldest_out() {
+                self.wait_for(id)?;
+                continue;
+            }
+            if stage == 0 {
+                let issued = self.spill_batch(bytes, false)?;
+                if issued > 0 {
+                    self.stats.sync_spills += 1;
+                    self.wait_spills()?;
+                    continue;
+                }
+                stage = 1;
+            }
+            if stage == 1 {
+                // Prefetches in flight hold device memory: let them land, then they
+                // (prefetched, unused) may be spilled like the rest.
+                let mut waited = false;
+                while self.pipe.in_bytes > 0 {
+                    self.synchronize()?;
+                    waited = true;
+                }
+                stage = 2;
+                if waited {
+                    continue;
+                }
+            }
+            if stage == 2 {
+                let issued = self.spill_batch(bytes, true)?;
+                if issued > 0 {
+                    self.stats.sync_spills += 1;
+                    self.wait_spills()?;
+                    stage = 0;
+                    continue;
+                }
+            }
+            return Err(self.oom(bytes));
+        }
+    }
+
+    fn wait_spills(&mut self) -> Result<(), TierError> {
+        while let Some(id) = self.pipe.oldest_out() {
+            self.wait_for(id)?;
+        }
+        Ok(())
+    }
+
+    /// Issues spills of unpinned device tensors, in the spill policy's order, until
+    /// `target` bytes are on their way out. `with_prefetched`: also tensors brought back
+    /// by a prefetch and not used yet (last resort). Returns the bytes issued.
+    pub(crate) fn spill_batch(
+        &mut self,
+        target: u64,
+        with_prefetched: bool,
+    ) -> Result<u64, TierError> {
+        let warm_free = self.staging.free_bytes();
+        let step = self.step;
+        let cands: Vec<Candidate> = self
+            .reg
+            .iter()
+            .filter(|(_, e)| {
+                matches!(e.place, Place::Device { .. })
+                    && e.step != step
+                    && (with_prefetched || !e.prefetched_unused)
+            })
+            .map(|(h, e)| Candidate {
+                handle: h,
+                bytes: e.bytes,
+                history: e.history,
+                recompute_us: e.recompute_us,
+                recompute_prob: e.recompute_prob,
+                warm: e.bytes <= warm_free,
+                persistent: e.persistent,
+            })
+            .collect();
+        if cands.is_empty() {
+            return Ok(0);
+        }
+        let now = self.alloc.backend().now_us();
+        let order = self.spill.order(&cands, target, now, self.cost.as_ref());
+        let mut issued = 0;
+        for i in order {
+            if issued >= target {
+                break;
+            }
+            let Some(c) = cands.get(i) else { continue };
+            if self.start_spill(c.handle)? {
+                issued += c.bytes;
+            }
+        }
+        Ok(issued)
+    }
+
+    /// The out-of-memory error for a request of `bytes` that nothing more can serve.
+    fn oom(&mut self, bytes: u64) -> TierError {
+        self.stats.ooms += 1;
+        let step = self.step;
+        // Bytes that cannot move now: pinned tensors and anything with device memory
+        // that is not a spill candidate.
+        let in_use: u64 = self
+            .reg
+            .iter()
+            .filter(|(_, e)| {
+                e.place.device().is_some() && (e.step == step || e.place.in_flight().is_some())
+            })
+            .map(|(_, e)| e.bytes)
+            .sum();
+        let budget = self.cfg.budget;
+        let short = (bytes + in_use).saturating_sub(budget);
+        let detail = if short == 0 {
+            let (free, largest) = self.alloc.free_and_largest();
+            let reserved = self.alloc.stats().reserved.current;
+            format!(
+                " (fragmentation: {reserved} bytes reserved, {free} free in the allocator, \
+                 largest free block {largest}, budget left unreserved {})",
+                budget.saturating_sub(self.alloc.backend().used())
+            )
+        } else {
+            String::new()
+        };
+        TierError::OutOfMemory {
+            requested: bytes,
+            in_use,
+            budget,
+            short: short.max(1),
+            detail,
+        }
+    }
+
+    /// Checks the manager's bookkeeping (and the allocator's). O(tensors + transfers).
+    pub fn check_invariants(&self) -> Result<(), TierError> {
+        let bad = |s: String| Err(TierError::Invariant(s));
+        self.reg.check()?;
+        self.staging
+            .check_invariants()
+            .map_err(TierError::Invariant)?;
+        self.pipe.check_invariants().map_err(TierError::Invariant)?;
+        self.alloc.check_invariants()?;
+        let mut device = 0u64;
+        let mut releasing = 0u64;
+        let mut host = 0u64;
+        let mut in_flight = std::collections::HashMap::new();
+        for f in self.pipe.iter() {
+            in_flight.insert(f.id, *f);
+            if let Completion::Release {
+                device: d,
+                host: hl,
+            } = f.completion
+            {
+                if let Some(a) = d {
+                    device += a.size;
+                    if f.dir == Direction::Out {
+                        releasing += a.size;
+                    }
+                }
+                if let Some(hl) = hl {
+                    host += host_len(&hl);
+                }
+            }
+        }
+        for (h, e) in self.reg.iter() {
+            if let Some(a) = e.place.device() {
+                if a.size != e.bytes {
+                    return bad(format!(
+                        "tensor {h}: {} bytes, device block of {}",
+                        e.bytes, a.size
+                    ));
+                }
+                device += a.size;
+            }
+            if let Some(hl) = e.place.host() {
+                host += host_len(&hl);
+            }
+            if let Place::SpillingOut { transfer, .. } | Place::PrefetchingIn { transfer, .. } =
+                e.place
+            {
+                let ok = in_flight.get(&transfer).is_some_and(|f| {
+                    f.handle == h
+                        && f.completion == Completion::Finish
+                        && (f.dir == Direction::Out) == matches!(e.place, Place::SpillingOut { .. })
+                });
+                if !ok {
+                    return bad(format!(
+                        "tensor {h} at {:?}: its transfer is not in flight",
+                        e.place
+                    ));
+                }
+                if matches!(e.place, Place::SpillingOut { .. }) {
+                    releasing += e.bytes;
+                }
+            }
+        }
+        for f in in_flight.values() {
+            if f.completion == Completion::Finish && self.reg.get(f.handle).is_err() {
+                return bad(format!(
+                    "transfer {:?} finishes tensor {}, which is freed",
+                    f.id, f.handle
+                ));
+            }
+        }
+        let requested = self.alloc.stats().requested.current;
+        if device != requested {
+            return bad(format!("tensors and transfers hold {device} device bytes, allocator has {requested} requested"));
+        }
+        if releasing != self.releasing {
+            return bad(format!(
+                "releasing {} counted, {releasing} found",
+                self.releasing
+            ));
+        }
+        if host != self.stats.host_bytes {
+            return bad(format!(
+                "host bytes {} counted, {host} found",
+                self.stats.host_bytes
+            ));
+        }
+        let warm_used = self.staging.size() - self.staging.free_bytes();
+        if warm_used > host {
+            return bad(format!(
+                "staging has {warm_used} bytes in use, only {host} host bytes held"
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn host_len(h: &super::staging::HostLoc) -> u64 {
+    match *h {
+        super::staging::HostLoc::Warm { len, .. } | super::staging::HostLoc::Cold { len, .. } => {
+            len
+        }
+    }
+}

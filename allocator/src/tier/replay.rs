@@ -1,0 +1,393 @@
+//! Budgeted replay: a trace under a device budget with spilling and prefetching
+//! (`memcast replay TRACE --budget B --policy reactive`).
+//!
+//! Setup (not counted as stall, like the job's own start-up): the pinned staging pool
+//! is allocated and the static blocks are registered. Then the trace's operations
+//! under the [`access`](super::access) model run in order, the clock advancing by the
+//! trace's timestamps (compute time); the report's stall is the time the host was
+//! blocked beyond that (device mallocs and frees, waits for transfers).
+//!
+//! Metrics: `compute_us` = the trace's span; `stall_us` = backend stall during the
+//! replay; `stall_overhead = stall_us / compute_us`; prefetch hit rate = hits /
+//! (hits + misses), a miss being an access that waited for a transfer (fault or late
+//! prefetch). An out-of-memory is not an `Err`: the report says `completed: false`
+//! and `error` names the step and the bytes short.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use memcast_trace::Trace;
+use serde::Serialize;
+
+use crate::backend::host::HostBackend;
+use crate::backend::layers::Limit;
+use crate::backend::sim::{SimBackend, H200_CAPACITY};
+use crate::backend::DeviceBackend;
+use crate::config::{parse_bytes, AllocConfig};
+use crate::pool::Allocator;
+use crate::replay::Device;
+
+use super::access::{ops, AccessModel, OpKind};
+use super::handle::TensorHandle;
+use super::manager::{TensorOpts, TierManager};
+use super::prefetch::{NoPrefetch, PrefetchPolicy, PreviousIterationOrder};
+use super::spill::{LinkCost, LruK};
+use super::{TierConfig, TierError};
+
+/// A device budget: absolute bytes or a fraction of the trace's peak requested bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum Budget {
+    Bytes(u64),
+    Fraction(f64),
+}
+
+impl std::str::FromStr for Budget {
+    type Err = String;
+    /// `60%`, `0.6` (a fraction: has a dot and is at most 1), `12G`, `123456`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        if let Some(p) = t.strip_suffix('%') {
+            let v: f64 = p.trim().parse().map_err(|_| format!("bad budget {s:?}"))?;
+            return Budget::fraction(v / 100.0);
+        }
+        if t.contains('.') && !t.contains(|c: char| c.is_ascii_alphabetic()) {
+            let v: f64 = t.parse().map_err(|_| format!("bad budget {s:?}"))?;
+            if v <= 1.0 {
+                return Budget::fraction(v);
+            }
+        }
+        let b = parse_bytes(t).map_err(|e| format!("bad budget {s:?}: {e}"))?;
+        if b == 0 {
+            return Err("budget of zero bytes".into());
+        }
+        Ok(Budget::Bytes(b))
+    }
+}
+
+impl Budget {
+    fn fraction(v: f64) -> Result<Budget, String> {
+        if v > 0.0 && v.is_finite() {
+            Ok(Budget::Fraction(v))
+        } else {
+            Err(format!("budget fraction {v} must be positive"))
+        }
+    }
+    /// Bytes for a trace whose peak requested bytes are `peak`.
+    pub fn bytes(&self, peak: u64) -> u64 {
+        match *self {
+            Budget::Bytes(b) => b,
+            Budget::Fraction(f) => ((peak as f64 * f) as u64).max(1),
+        }
+    }
+}
+
+/// Settings of a budgeted replay.
+#[derive(Debug, Clone)]
+pub struct TierReplayOptions {
+    pub budget: Budget,
+    pub device: Device,
+    /// `true`: the reactive prefetcher; `false`: none (every use of a spilled tensor
+    /// faults).
+    pub prefetch: bool,
+    /// The tier knobs (`budget` and, if 0, `staging_bytes` are set by the replay).
+    pub tier: TierConfig,
+    pub alloc: AllocConfig,
+    /// Recompute probability given to tensors with a recompute cost (synthetic traces).
+    pub recompute_prob: f64,
+    /// Run `check_invariants()` every N operations (0 = never).
+    pub check_every: u64,
+}
+
+impl Default for TierReplayOptions {
+    fn default() -> Self {
+        TierReplayOptions {
+            budget: Budget::Fraction(1.0),
+            device: Device::Sim,
+            prefetch: true,
+            tier: TierConfig {
+                staging_bytes: 0,
+                ..TierConfig::default()
+            },
+            alloc: AllocConfig::default(),
+            recompute_prob: 0.5,
+            check_every: 0,
+        }
+    }
+}
+
+/// What a budgeted replay measured (the `--json` output).
+#[derive(Debug, Clone, Serialize)]
+pub struct TierReport {
+    pub trace: String,
+    pub policy: &'static str,
+    pub prefetcher: &'static str,
+    pub device: Device,
+    pub access_model: AccessModel,
+    pub completed: bool,
+    pub ooms: u64,
+    /// The error that stopped the replay (names the step and the bytes short).
+    pub error: Option<String>,
+    pub budget_bytes: u64,
+    pub peak_requested_bytes: u64,
+    pub budget_fraction: f64,
+    pub compute_us: f64,
+    pub stall_us: f64,
+    pub transfer_stall_us: f64,
+    pub stall_overhead: f64,
+    pub spills: u64,
+    pub spilled_bytes: u64,
+    pub prefetches: u64,
+    pub prefetched_bytes: u64,
+    pub prefetch_hits: u64,
+    pub prefetch_misses: u64,
+    pub prefetch_hit_rate: f64,
+    pub faults: u64,
+    pub late_prefetches: u64,
+    pub wasted_prefetches: u64,
+    pub cancelled_spills: u64,
+    pub sync_spills: u64,
+    pub peak_reserved_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub peak_host_bytes: u64,
+    pub staging_bytes: u64,
+    /// Setup time (pinned pool + static blocks), not in `stall_us`.
+    pub setup_us: f64,
+    pub operations: u64,
+    pub wall_secs: f64,
+}
+
+/// Errors that are not out-of-memory: a malformed trace or a backend failure.
+#[derive(Debug, thiserror::Error)]
+pub enum TierReplayError {
+    #[error("{what}")]
+    Trace { what: String },
+    #[error("{0}")]
+    Stats(#[from] memcast_trace::TraceError),
+    #[error("setup: {0}")]
+    Setup(#[source] TierError),
+}
+
+/// Replays `trace` under `opts.budget`. See the module docs.
+pub fn replay_budgeted(
+    trace: &Trace,
+    opts: &TierReplayOptions,
+) -> Result<TierReport, TierReplayError> {
+    let peak = memcast_trace::stats::TraceStats::compute(trace)?.peak_requested_bytes;
+    let budget = opts.budget.bytes(peak);
+    let mut cfg = opts.tier.clone();
+    cfg.budget = budget;
+    if cfg.staging_bytes == 0 {
+        // Enough pinned memory for everything that can be out at the low watermark,
+        // plus slack; at least 64 MiB.
+        let out = peak.saturating_sub((cfg.low_watermark * budget as f64) as u64);
+        cfg.staging_bytes = (out + out / 8).max(64 << 20);
+    }
+    match opts.device {
+        Device::Sim => {
+            let b = Limit::new(
+                SimBackend::new(H200_CAPACITY.max(budget), Default::default()),
+                budget,
+            );
+            run(trace, b, cfg, opts, peak)
+        }
+        Device::Host => {
+            let b = Limit::new(HostBackend::new(budget), budget);
+            run(trace, b, cfg, opts, peak)
+        }
+    }
+}
+
+fn run<B: DeviceBackend>(
+    trace: &Trace,
+    backend: B,
+    cfg: TierConfig,
+    opts: &TierReplayOptions,
+    peak: u64,
+) -> Result<TierReport, TierReplayError> {
+    let wall = Instant::now();
+    let alloc = Allocator::new(backend, opts.alloc.clone())
+        .map_err(|e| TierReplayError::Setup(e.into()))?;
+    let prefetch: Box<dyn PrefetchPolicy> = if opts.prefetch {
+        Box::new(PreviousIterationOrder::new(cfg.prefetch_window))
+    } else {
+        Box::new(NoPrefetch)
+    };
+    let staging_bytes = cfg.staging_bytes;
+    let budget = cfg.budget;
+    let mut m = TierManager::with_policies(
+        alloc,
+        cfg.clone(),
+        Box::new(LruK { k: cfg.lru_k }),
+        Box::new(LinkCost::default()),
+        prefetch,
+    )
+    .map_err(TierReplayError::Setup)?;
+    let prefetcher = if opts.prefetch {
+        "previous-iteration-order"
+    } else {
+        "none"
+    };
+
+    let recompute: HashMap<u64, f64> = trace
+        .tensors
+        .iter()
+        .filter_map(|t| t.recompute_us.map(|r| (t.id, r as f64)))
+        .collect();
+    let model = AccessModel::for_trace(trace);
+    let program = ops(trace, model);
+    let mut live: HashMap<u64, TensorHandle> = HashMap::with_capacity(4096);
+    let mut compute_us = 0.0;
+    let mut stall0 = None;
+    let mut setup_us = 0.0;
+    let mut error = None;
+    let mut n_ops = 0u64;
+
+    let bad = |event: Option<u64>, what: String| TierReplayError::Trace {
+        what: format!("{}: {what}", where_(event)),
+    };
+    for op in &program {
+        if op.event.is_some() && stall0.is_none() {
+            // Setup ends at the first trace event.
+            setup_us = m.backend().stall_us();
+            stall0 = Some(setup_us);
+        }
+        n_ops += 1;
+        let r: Result<(), TierError> = match op.kind {
+            OpKind::Advance(us) => {
+                m.backend_mut().advance_us(us as f64);
+                compute_us += us as f64;
+                Ok(())
+            }
+            OpKind::EndStep => {
+                m.end_step();
+                Ok(())
+            }
+            OpKind::IterationBoundary => m.iteration_boundary(),
+            OpKind::Alloc {
+                id,
+                bytes,
+                persistent,
+            } => {
+                let opts_t = TensorOpts {
+                    persistent,
+                    recompute_us: recompute.get(&id).copied().unwrap_or(0.0),
+                    recompute_prob: if recompute.contains_key(&id) {
+                        opts.recompute_prob
+                    } else {
+                        0.0
+                    },
+                };
+                // Zero-byte tensors hold no memory: nothing to place.
+                if bytes == 0 {
+                    Ok(())
+                } else {
+                    m.register(bytes, opts_t).and_then(|h| {
+                        if live.insert(id, h).is_some() {
+                            return Err(TierError::Invariant(format!(
+                                "tensor {id} allocated twice"
+                            )));
+                        }
+                        Ok(())
+                    })
+                }
+            }
+            OpKind::Access { id, write } => match live.get(&id) {
+                Some(&h) => m.access(h, write).map(|_| ()),
+                None if is_zero(trace, id) => Ok(()),
+                None => {
+                    return Err(bad(
+                        op.event,
+                        format!("access to tensor {id}, which is not live"),
+                    ))
+                }
+            },
+            OpKind::Free { id } => match live.remove(&id) {
+                Some(h) => m.free(h),
+                None if is_zero(trace, id) => Ok(()),
+                None => {
+                    return Err(bad(
+                        op.event,
+                        format!("free of tensor {id}, which is not live"),
+                    ))
+                }
+            },
+        };
+        if let Err(e) = r {
+            error = Some(format!("{}: {e}", where_(op.event)));
+            break;
+        }
+        if opts.check_every > 0 && n_ops.is_multiple_of(opts.check_every) {
+            m.check_invariants()
+                .map_err(|e| bad(op.event, e.to_string()))?;
+        }
+    }
+    if error.is_none() {
+        if let Err(e) = m.synchronize() {
+            error = Some(format!("at the end: {e}"));
+        }
+    }
+    if opts.check_every > 0 {
+        m.check_invariants().map_err(|e| bad(None, e.to_string()))?;
+    }
+    let stall_us = m.backend().stall_us() - stall0.unwrap_or(setup_us);
+    let s = m.stats().clone();
+    let a = m.allocator().stats();
+    Ok(TierReport {
+        trace: trace.meta.name.clone(),
+        policy: "reactive",
+        prefetcher,
+        device: opts.device,
+        access_model: model,
+        completed: error.is_none(),
+        ooms: s.ooms,
+        error,
+        budget_bytes: budget,
+        peak_requested_bytes: peak,
+        budget_fraction: if peak == 0 {
+            0.0
+        } else {
+            budget as f64 / peak as f64
+        },
+        compute_us,
+        stall_us,
+        transfer_stall_us: s.transfer_stall_us,
+        stall_overhead: if compute_us > 0.0 {
+            stall_us / compute_us
+        } else {
+            0.0
+        },
+        spills: s.spills,
+        spilled_bytes: s.spilled_bytes,
+        prefetches: s.prefetches,
+        prefetched_bytes: s.prefetched_bytes,
+        prefetch_hits: s.prefetch_hits,
+        prefetch_misses: s.prefetch_misses(),
+        prefetch_hit_rate: s.prefetch_hit_rate(),
+        faults: s.faults,
+        late_prefetches: s.prefetch_late,
+        wasted_prefetches: s.prefetch_wasted,
+        cancelled_spills: s.cancelled_spills,
+        sync_spills: s.sync_spills,
+        peak_reserved_bytes: a.reserved.peak,
+        peak_allocated_bytes: a.allocated.peak,
+        peak_host_bytes: s.peak_host_bytes,
+        staging_bytes,
+        setup_us,
+        operations: n_ops,
+        wall_secs: wall.elapsed().as_secs_f64(),
+    })
+}
+
+fn where_(event: Option<u64>) -> String {
+    match event {
+        Some(i) => format!("step {i} (trace event {i})"),
+        None => "setup (static blocks)".into(),
+    }
+}
+
+/// Zero-byte tensors are not registered; their accesses and frees are no-ops.
+fn is_zero(trace: &Trace, id: u64) -> bool {
+    // Rare path (only reached for ids not live): a linear scan is fine.
+    trace.static_blocks.iter().any(|b| b.id == id && b.bytes == 0)
+        || trace.events.iter().any(|e| matches!(e.kind, memcast_trace::EventKind::Alloc { id: i, bytes: 0, .. } if i == id))
+}

@@ -1,0 +1,283 @@
+//! The asynchronous transfer pipeline.
+//!
+//! Two streams of low priority (CUDA: a larger priority number), one per direction,
+//! so that spills (device to host) and prefetches (host to device) overlap each other
+//! and compute; each copy is followed by an event. A transfer's buffers stay reserved
+//! until its event completes (dependency tracking): the manager never frees or reuses
+//! the source or the destination of a copy in flight. If the tensor is freed, or a
+//! spill is cancelled by an access, the transfer becomes an orphan that only releases
+//! its buffers when it completes.
+//!
+//! Streams are FIFO, so per direction transfers complete in issue order: [`Pipeline::poll`]
+//! only queries the oldest transfer of each direction until one is not done, O(1)
+//! amortized per transfer.
+
+use std::collections::VecDeque;
+
+use crate::backend::{BackendError, DeviceBackend, EventId, MemRef, StreamId, StreamPriority};
+use crate::pool::Allocation;
+
+use super::handle::TensorHandle;
+use super::staging::HostLoc;
+
+/// Names one transfer (unique over the manager's life).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TransferId(pub u64);
+
+/// Which way the bytes go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Device to host (spill).
+    Out,
+    /// Host to device (prefetch or fault).
+    In,
+}
+
+/// What the manager does when a transfer completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// Normal end: the tensor moves to the destination tier.
+    Finish,
+    /// Nobody needs the result (tensor freed, spill cancelled): release these.
+    Release {
+        device: Option<Allocation>,
+        host: Option<HostLoc>,
+    },
+}
+
+/// A completed transfer, handed back to the manager.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Done {
+    pub id: TransferId,
+    pub handle: TensorHandle,
+    pub dir: Direction,
+    pub bytes: u64,
+    pub completion: Completion,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    done: Done,
+    event: EventId,
+}
+
+/// The pipeline. See the module docs.
+#[derive(Debug)]
+pub struct Pipeline {
+    out_stream: StreamId,
+    in_stream: StreamId,
+    // Invariant: each queue is in issue order (ids increasing).
+    out: VecDeque<InFlight>,
+    inn: VecDeque<InFlight>,
+    next: u64,
+    /// Bytes in flight per direction.
+    pub out_bytes: u64,
+    pub in_bytes: u64,
+}
+
+impl Pipeline {
+    /// Creates the two low-priority streams.
+    pub fn new<B: DeviceBackend + ?Sized>(backend: &mut B) -> Result<Self, BackendError> {
+        let out_stream = backend.create_stream(StreamPriority::Low)?;
+        let in_stream = backend.create_stream(StreamPriority::Low)?;
+        Ok(Pipeline {
+            out_stream,
+            in_stream,
+            out: VecDeque::new(),
+            inn: VecDeque::new(),
+            next: 0,
+            out_bytes: 0,
+            in_bytes: 0,
+        })
+    }
+
+    pub fn streams(&self) -> (StreamId, StreamId) {
+        (self.out_stream, self.in_stream)
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.out.len() + self.inn.len()
+    }
+
+    /// Queues a copy of `bytes` from `src` to `dst` for tensor `handle`. On error
+    /// nothing was queued (the event is destroyed again).
+    pub fn issue<B: DeviceBackend + ?Sized>(
+        &mut self,
+        backend: &mut B,
+        dir: Direction,
+        handle: TensorHandle,
+        dst: MemRef,
+        src: MemRef,
+        bytes: u64,
+    ) -> Result<TransferId, BackendError> {
+        let stream = match dir {
+            Direction::Out => self.out_stream,
+            Direction::In => self.in_stream,
+        };
+        let event = backend.create_event()?;
+        if let Err(e) = backend.copy(dst, src, bytes, Some(stream)) {
+            let _ = backend.destroy_event(event);
+            return Err(e);
+        }
+        if let Err(e) = backend.record_event(event, stream) {
+            // The copy is queued but cannot be tracked: wait for it here so that its
+            // buffers are safe to release, and report the failure.
+            let _ = backend.destroy_event(event);
+            backend.synchronize_stream(stream)?;
+            return Err(e);
+        }
+        let id = TransferId(self.next);
+        self.next += 1;
+        let f = InFlight {
+            done: Done {
+                id,
+                handle,
+                dir,
+                bytes,
+                completion: Completion::Finish,
+            },
+            event,
+        };
+        match dir {
+            Direction::Out => {
+                self.out.push_back(f);
+                self.out_bytes += bytes;
+            }
+            Direction::In => {
+                self.inn.push_back(f);
+                self.in_bytes += bytes;
+            }
+        }
+        Ok(id)
+    }
+
+    /// Makes transfer `id` an orphan that releases `completion`'s buffers when done.
+    /// Returns false if no such transfer is in flight.
+    pub fn orphan(&mut self, id: TransferId, completion: Completion) -> bool {
+        for f in self.out.iter_mut().chain(self.inn.iter_mut()) {
+            if f.done.id == id {
+                f.done.completion = completion;
+                return true;
+            }
+        }
+        false
+    }
+
+    fn pop(&mut self, dir: Direction) -> Option<InFlight> {
+        let f = match dir {
+            Direction::Out => self.out.pop_front(),
+            Direction::In => self.inn.pop_front(),
+        }?;
+        match dir {
+            Direction::Out => self.out_bytes -= f.done.bytes,
+            Direction::In => self.in_bytes -= f.done.bytes,
+        }
+        Some(f)
+    }
+
+    /// Completed transfers (non-blocking), oldest first per direction.
+    pub fn poll<B: DeviceBackend + ?Sized>(
+        &mut self,
+        backend: &mut B,
+        done: &mut Vec<Done>,
+    ) -> Result<(), BackendError> {
+        for dir in [Direction::Out, Direction::In] {
+            loop {
+                let front = match dir {
+                    Direction::Out => self.out.front(),
+                    Direction::In => self.inn.front(),
+                };
+                let Some(f) = front.copied() else { break };
+                if !backend.query_event(f.event)? {
+                    break;
+                }
+                self.pop(dir);
+                let _ = backend.destroy_event(f.event);
+                done.push(f.done);
+            }
+        }
+        Ok(())
+    }
+
+    /// Blocks until transfer `id` and every earlier one of its direction completed
+    /// (stream order); returns them all, oldest first. A transfer not in flight (already
+    /// done) returns nothing.
+    pub fn wait<B: DeviceBackend + ?Sized>(
+        &mut self,
+        backend: &mut B,
+        id: TransferId,
+        done: &mut Vec<Done>,
+    ) -> Result<(), BackendError> {
+        let dir = if self.out.iter().any(|f| f.done.id == id) {
+            Direction::Out
+        } else if self.inn.iter().any(|f| f.done.id == id) {
+            Direction::In
+        } else {
+            return Ok(());
+        };
+        let event = match dir {
+            Direction::Out => self.out.iter(),
+            Direction::In => self.inn.iter(),
+        }
+        .find(|f| f.done.id == id)
+        .map(|f| f.event)
+        .expect("found above");
+        backend.synchronize_event(event)?;
+        while let Some(f) = self.pop(dir) {
+            let _ = backend.destroy_event(f.event);
+            done.push(f.done);
+            if f.done.id == id {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every transfer in flight, spills first, each direction in issue order.
+    pub fn iter(&self) -> impl Iterator<Item = &Done> {
+        self.out.iter().chain(self.inn.iter()).map(|f| &f.done)
+    }
+
+    /// The oldest spill in flight, if any (what an out-of-memory path waits for first).
+    pub fn oldest_out(&self) -> Option<TransferId> {
+        self.out.front().map(|f| f.done.id)
+    }
+
+    /// Blocks until everything in flight completed.
+    pub fn wait_all<B: DeviceBackend + ?Sized>(
+        &mut self,
+        backend: &mut B,
+        done: &mut Vec<Done>,
+    ) -> Result<(), BackendError> {
+        for dir in [Direction::Out, Direction::In] {
+            let last = match dir {
+                Direction::Out => self.out.back(),
+                Direction::In => self.inn.back(),
+            };
+            if let Some(f) = last.copied() {
+                self.wait(backend, f.done.id, done)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for q in [&self.out, &self.inn] {
+            if q.iter()
+                .zip(q.iter().skip(1))
+                .any(|(a, b)| a.done.id >= b.done.id)
+            {
+                return Err("transfer queue out of issue order".into());
+            }
+        }
+        let ob: u64 = self.out.iter().map(|f| f.done.bytes).sum();
+        let ib: u64 = self.inn.iter().map(|f| f.done.bytes).sum();
+        if ob != self.out_bytes || ib != self.in_bytes {
+            return Err(format!(
+                "bytes in flight: out {ob} vs {}, in {ib} vs {}",
+                self.out_bytes, self.in_bytes
+            ));
+        }
+        Ok(())
+    }
+}
