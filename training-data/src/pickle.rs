@@ -348,7 +348,7 @@ impl<'a> Parser<'a> {
             return Err(self.err(at, format!("{name} on a {}", self.out.type_name(h))));
         }
         let n = self.stack.len() - from;
-        if want == Kind::Dict && n % 2 != 0 {
+        if want == Kind::Dict && !n.is_multiple_of(2) {
             return Err(self.err(at, "SETITEMS with an odd number of items"));
         }
         if n == 0 {
@@ -652,9 +652,7 @@ mod tests {
     #[test]
     fn every_truncation_is_an_error_not_a_panic() {
         for n in 0..SAMPLE.len() {
-            let e = parse(&SAMPLE[..n])
-                .err()
-                .expect("truncated input must fail");
+            let e = parse(&SAMPLE[..n]).expect_err("truncated input must fail");
             assert!(matches!(e, TraceError::Pickle { .. }), "{n}: {e}");
         }
     }
@@ -663,17 +661,17 @@ mod tests {
     fn refuses_code_execution_opcodes_with_offset() {
         // pickle.dumps(print, 4) -> STACK_GLOBAL at offset 30
         let evil = b"\x80\x04\x95\x16\x00\x00\x00\x00\x00\x00\x00\x8c\x08builtins\x94\x8c\x05print\x94\x93\x94.";
-        let e = parse(evil).err().unwrap().to_string();
+        let e = parse(evil).expect_err("refused").to_string();
         assert!(e.contains("0x93") && e.contains("offset 30"), "{e}");
     }
 
     #[test]
     fn bad_memo_reference_and_misplaced_marks_are_errors() {
-        let e = parse(b"\x80\x04h\x05.").err().unwrap().to_string();
+        let e = parse(b"\x80\x04h\x05.").expect_err("bad memo").to_string();
         assert!(e.contains("memo key 5"), "{e}");
-        let e = parse(b"\x80\x04(.").err().unwrap().to_string();
+        let e = parse(b"\x80\x04(.").expect_err("open mark").to_string();
         assert!(e.contains("MARK"), "{e}");
-        let e = parse(b"\x80\x04K\x01(K\x02u.").err().unwrap().to_string();
+        let e = parse(b"\x80\x04K\x01(K\x02u.").expect_err("not a dict").to_string();
         assert!(e.contains("SETITEM(S) on a int"), "{e}");
     }
 
