@@ -1,1 +1,27 @@
-//! placeholder
+//! `memcast-predictor`: forecasts the next N steps of memory demand.
+//!
+//! - [`infer`], [`weights`], [`service`]: embedded inference, always built, no burn: a
+//!   plain-Rust incremental LSTM loaded from safetensors, and the `ForecastService`
+//!   thread the allocator talks to without blocking.
+//! - [`data`], [`norm`], [`eval`]: step series, normalisation, baselines and metrics.
+//! - `train` (cargo feature `train`): the burn model, training, burn-record export.
+//!
+//! Step features come from `memcast_trace::features` (one featurizer, offline and online).
+
+pub mod artifact;
+pub mod config;
+pub mod data;
+pub mod error;
+pub mod eval;
+pub mod infer;
+pub mod norm;
+pub mod service;
+#[cfg(feature = "train")]
+pub mod train;
+pub mod weights;
+
+pub use config::{ArtifactConfig, ModelConfig, TrainConfig, MAX_HORIZON};
+pub use error::{PredictorError, Result};
+pub use infer::{EmbeddedLstm, Forecast, StepInput};
+pub use service::{ForecastService, ServiceStats};
+pub use weights::Weights;

@@ -1,0 +1,73 @@
+//! The artifact directory `memcast train` writes and every other command reads:
+//!
+//! | file | content |
+//! |---|---|
+//! | `config.json` | [`ArtifactConfig`]: model, training and step configs |
+//! | `model.safetensors` | weights + normalisation (see [`crate::weights`]) |
+//! | `model.mpk` | the same weights in burn's record format (`NamedMpkFileRecorder`, full precision) |
+//! | `norm.json` | the normalisation statistics, readable |
+//! | `metrics.json` | training history and validation metrics |
+
+use std::path::{Path, PathBuf};
+
+use crate::config::ArtifactConfig;
+use crate::error::{io, PredictorError, Result};
+use crate::infer::EmbeddedLstm;
+use crate::weights::Weights;
+
+pub const CONFIG: &str = "config.json";
+pub const SAFETENSORS: &str = "model.safetensors";
+pub const BURN_RECORD: &str = "model.mpk";
+pub const NORM: &str = "norm.json";
+pub const METRICS: &str = "metrics.json";
+
+/// Reads `config.json`.
+pub fn load_config(dir: &Path) -> Result<ArtifactConfig> {
+    let path = dir.join(CONFIG);
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let c: ArtifactConfig = serde_json::from_str(&text).map_err(|err| PredictorError::Json {
+        path: path.clone(),
+        err,
+    })?;
+    c.model
+        .validate()
+        .map_err(|e| PredictorError::Config(format!("{}: {e}", path.display())))?;
+    Ok(c)
+}
+
+/// Loads the weights of an artifact directory (or a bare `.safetensors` file), checked
+/// against `config.json` when there is one.
+pub fn load_weights(path: &Path) -> Result<Weights> {
+    if path.is_dir() {
+        let config = load_config(path)?;
+        Weights::load(&path.join(SAFETENSORS), Some(&config))
+    } else {
+        Weights::load(path, None)
+    }
+}
+
+/// Loads a ready-to-run embedded model.
+pub fn load_model(path: &Path) -> Result<EmbeddedLstm> {
+    EmbeddedLstm::new(load_weights(path)?)
+}
+
+/// Writes `config.json`, `model.safetensors` and `norm.json` into `dir` (created).
+pub fn save(dir: &Path, w: &Weights) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let path = dir.join(CONFIG);
+    let text = serde_json::to_string_pretty(&w.config).expect("plain struct serialises");
+    std::fs::write(&path, text).map_err(io(&path))?;
+    w.save(&dir.join(SAFETENSORS))?;
+    w.norm.save(&dir.join(NORM))
+}
+
+/// Writes any serialisable value as pretty JSON.
+pub fn write_json<T: serde::Serialize>(path: &Path, v: &T) -> Result<()> {
+    let text = serde_json::to_string_pretty(v).expect("plain data serialises");
+    std::fs::write(path, text).map_err(io(path))
+}
+
+/// The default model shipped in the repository (`training-data/models/default`).
+pub fn default_model_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../training-data/models/default")
+}

@@ -1,0 +1,161 @@
+//! Model and training configuration, saved as `config.json` in every artifact.
+
+use memcast_trace::features::{StepConfig, CHANNELS, FEATURES};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{PredictorError, Result};
+
+/// Most horizons any model may forecast: the online message sizes are fixed on it.
+pub const MAX_HORIZON: usize = 8;
+
+/// The network: a stacked LSTM over step features, a linear head that outputs, for
+/// each of the next `horizon` steps, a normalised residual per demand channel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ModelConfig {
+    /// Input width (the featurizer's [`FEATURES`]). Default 16.
+    pub features: usize,
+    /// Demand channels forecast per step ([`CHANNELS`]). Default 8.
+    pub channels: usize,
+    /// LSTM hidden size. Default 32: one step + forecast costs 4*32*(16+32) + 32*40
+    /// = 7.4k multiply-adds,
+    /// well inside the 10 us budget of embedded inference.
+    pub hidden: usize,
+    /// Stacked LSTM layers. Default 1.
+    pub layers: usize,
+    /// Steps forecast ahead (N). Default 5.
+    pub horizon: usize,
+    /// Let the LSTM correct the base forecast before the run has a previous iteration
+    /// to refer to. Default false: measured on the shared static traces, corrections in
+    /// the first iteration (the only one without a reference) made WAPE 6-20% worse
+    /// than seasonal naive, which is the last value there.
+    pub correct_without_reference: bool,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            features: FEATURES,
+            channels: CHANNELS,
+            hidden: 32,
+            layers: 1,
+            horizon: 5,
+            correct_without_reference: false,
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Width of the head's output: `horizon * channels`.
+    pub fn outputs(&self) -> usize {
+        self.horizon * self.channels
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |s: String| Err(PredictorError::Config(s));
+        if self.features != FEATURES {
+            return bad(format!(
+                "features = {}, the featurizer produces {FEATURES}",
+                self.features
+            ));
+        }
+        if self.channels != CHANNELS {
+            return bad(format!(
+                "channels = {}, the featurizer produces {CHANNELS}",
+                self.channels
+            ));
+        }
+        if self.hidden == 0 || self.hidden > 4096 {
+            return bad(format!("hidden = {} (1..=4096)", self.hidden));
+        }
+        if self.layers == 0 || self.layers > 8 {
+            return bad(format!("layers = {} (1..=8)", self.layers));
+        }
+        if self.horizon == 0 || self.horizon > MAX_HORIZON {
+            return bad(format!("horizon = {} (1..={MAX_HORIZON})", self.horizon));
+        }
+        Ok(())
+    }
+}
+
+/// Training hyper-parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TrainConfig {
+    /// Steps per training window (truncated back-propagation length). Default 32.
+    pub window: usize,
+    /// Window start stride, in steps. Default 8.
+    pub stride: usize,
+    /// First positions of each window that only warm the state up (no loss): inference
+    /// carries state across the whole run, so the model must not rely on a zero state.
+    /// Default 8.
+    pub burn_in: usize,
+    /// Adam learning rate. Default 3e-3.
+    pub learning_rate: f64,
+    /// Maximum epochs. Default 40.
+    pub epochs: usize,
+    /// Windows per batch. Default 64.
+    pub batch: usize,
+    /// Epochs without validation improvement before stopping. Default 6.
+    pub patience: usize,
+    /// Fraction of the traces (by trace, never by window) held out for validation.
+    /// Default 0.2 (at least one trace when there are two or more).
+    pub val_fraction: f64,
+    /// Seed for initialisation, the validation split and shuffling. Default 42.
+    pub seed: u64,
+    /// Windows drawn per trace per epoch (0 = all). Default 96: long traces (generation:
+    /// 7k steps) would otherwise drown the short training traces (200-500 steps).
+    pub max_windows_per_trace: usize,
+    /// Wall-clock budget in seconds: training stops after the epoch that crosses it
+    /// (0 = none). Default 0.
+    pub max_seconds: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            window: 32,
+            stride: 8,
+            burn_in: 8,
+            learning_rate: 3e-3,
+            epochs: 40,
+            batch: 64,
+            patience: 6,
+            val_fraction: 0.2,
+            seed: 42,
+            max_windows_per_trace: 96,
+            max_seconds: 0,
+        }
+    }
+}
+
+impl TrainConfig {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |s: String| Err(PredictorError::Config(s));
+        if self.window < 2 || self.burn_in >= self.window {
+            return bad(format!(
+                "window = {}, burn_in = {}: need window >= 2 and burn_in < window",
+                self.window, self.burn_in
+            ));
+        }
+        if self.stride == 0 || self.batch == 0 || self.epochs == 0 {
+            return bad("stride, batch and epochs must be >= 1".into());
+        }
+        if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
+            return bad(format!("learning_rate = {}", self.learning_rate));
+        }
+        if !(0.0..1.0).contains(&self.val_fraction) {
+            return bad(format!("val_fraction = {} (0..1)", self.val_fraction));
+        }
+        Ok(())
+    }
+}
+
+/// Everything `config.json` holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct ArtifactConfig {
+    pub model: ModelConfig,
+    pub train: TrainConfig,
+    pub step: StepConfig,
+}

@@ -1,0 +1,200 @@
+//! Evaluation: the LSTM against simple forecasts on the same steps (no burn: the
+//! embedded model is the one evaluated, and it matches burn's forward to 1e-4).
+//!
+//! Metrics per horizon `h` over every step `t` with `t + h` in the series, on the
+//! headline channel (total requested bytes per step):
+//! `WAPE = sum|y - yhat| / sum|y|`, `MAE = mean|y - yhat|` (bytes),
+//! `under_rate = share of forecasts with yhat < y` (under-forecasting costs an allocator
+//! a stall or an OOM; over-forecasting only idle reserve).
+
+use std::collections::BTreeMap;
+
+use memcast_trace::features::CH_TOTAL;
+use serde::{Deserialize, Serialize};
+
+use crate::data::Series;
+use crate::error::Result;
+use crate::infer::{EmbeddedLstm, Forecast, StepInput};
+
+/// Window of the moving-average baseline, in steps.
+pub const MA_WINDOW: usize = 8;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Metrics {
+    pub wape: f64,
+    pub mae: f64,
+    pub under_rate: f64,
+}
+
+/// One method's metrics: averaged over the horizon, and per horizon.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MethodReport {
+    pub wape: f64,
+    pub mae: f64,
+    pub under_rate: f64,
+    pub per_horizon: Vec<Metrics>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EvalReport {
+    pub trace: String,
+    pub horizon: usize,
+    pub steps: usize,
+    /// Seasonal period used by `seasonal_naive`: `"iterations"` or `"acf:<lag>"`.
+    pub season: String,
+    pub models: BTreeMap<String, MethodReport>,
+}
+
+impl EvalReport {
+    /// Best WAPE among the baselines (last value, moving average, seasonal naive).
+    pub fn best_baseline(&self) -> (String, f64) {
+        ["last_value", "moving_average", "seasonal_naive"]
+            .iter()
+            .filter_map(|k| self.models.get(*k).map(|m| (k.to_string(), m.wape)))
+            .fold(("none".into(), f64::INFINITY), |a, b| {
+                if b.1 < a.1 {
+                    b
+                } else {
+                    a
+                }
+            })
+    }
+}
+
+/// Runs the model over the series from a fresh state; `out[t]` is the forecast made
+/// right after step `t`.
+pub fn run_model(series: &Series, model: &mut EmbeddedLstm) -> Result<Vec<Forecast>> {
+    model.reset();
+    let mut out = Vec::with_capacity(series.len());
+    let mut f = Forecast::default();
+    for r in &series.records {
+        let mut input = StepInput {
+            step_index: r.step.index,
+            features: r.step.features,
+            base: Default::default(),
+            scale: r.step.scale,
+            repeat: r.step.repeat,
+        };
+        for (h, b) in r.base.iter().enumerate().take(input.base.len()) {
+            input.base[h] = *b;
+        }
+        model.forecast(&input, &mut f)?;
+        out.push(f);
+    }
+    Ok(out)
+}
+
+/// Seasonal period by autocorrelation of `x` (lags 2..=len/2, at most 4096): the lag of
+/// the highest autocorrelation, if it exceeds 0.3.
+pub fn acf_period(x: &[f64]) -> Option<usize> {
+    let n = x.len();
+    let mean = x.iter().sum::<f64>() / n.max(1) as f64;
+    let var: f64 = x.iter().map(|v| (v - mean).powi(2)).sum();
+    if n < 8 || var <= 0.0 {
+        return None;
+    }
+    let mut best = (0, 0.3);
+    for lag in 2..=(n / 2).min(4096) {
+        let r: f64 = (lag..n)
+            .map(|i| (x[i] - mean) * (x[i - lag] - mean))
+            .sum::<f64>()
+            / var;
+        if r > best.1 {
+            best = (lag, r);
+        }
+    }
+    (best.0 > 0).then_some(best.0)
+}
+
+/// A forecaster under evaluation: `f(t, h)` = forecast of step `t + h` made after `t`.
+type Method<'a> = Box<dyn Fn(usize, usize) -> f64 + 'a>;
+
+/// Evaluates baselines and, if given, the model, on the total-requested channel.
+pub fn evaluate(series: &Series, model: Option<&mut EmbeddedLstm>) -> Result<EvalReport> {
+    let n = series.len();
+    let horizon = series.horizon;
+    let y: Vec<f64> = (0..n).map(|t| series.actual(t)[CH_TOTAL] as f64).collect();
+    let has_iterations = series
+        .records
+        .iter()
+        .any(|r| r.step.prev_iteration_steps > 0);
+    let period = if has_iterations { None } else { acf_period(&y) };
+    let season = match (has_iterations, period) {
+        (true, _) => "iterations".to_string(),
+        (false, Some(p)) => format!("acf:{p}"),
+        (false, None) => "none (last value)".to_string(),
+    };
+    let forecasts = match model {
+        Some(m) => Some(run_model(series, m)?),
+        None => None,
+    };
+    let mut methods: Vec<(&str, Method<'_>)> = vec![
+        ("last_value", Box::new(|t, _| y[t])),
+        (
+            "moving_average",
+            Box::new(|t, _| {
+                let lo = (t + 1).saturating_sub(MA_WINDOW);
+                y[lo..=t].iter().sum::<f64>() / (t + 1 - lo) as f64
+            }),
+        ),
+        (
+            "seasonal_naive",
+            Box::new(|t, h| match (has_iterations, period) {
+                (true, _) => series.records[t].seasonal[h - 1][CH_TOTAL] as f64,
+                (false, Some(p)) => {
+                    let back = p * h.div_ceil(p);
+                    if t + h >= back {
+                        y[t + h - back]
+                    } else {
+                        y[t]
+                    }
+                }
+                (false, None) => y[t],
+            }),
+        ),
+        (
+            "seasonal_rescaled",
+            Box::new(|t, h| series.records[t].base[h - 1][CH_TOTAL]),
+        ),
+    ];
+    if let Some(fc) = &forecasts {
+        methods.push(("lstm", Box::new(move |t, h| fc[t].bytes[h - 1][CH_TOTAL])));
+    }
+    let mut models = BTreeMap::new();
+    for (name, f) in &methods {
+        let mut per_horizon = Vec::with_capacity(horizon);
+        for h in 1..=horizon {
+            let (mut abs, mut tot, mut under, mut k) = (0.0, 0.0, 0usize, 0usize);
+            for t in 0..n.saturating_sub(h) {
+                let (yt, yh) = (y[t + h], f(t, h));
+                abs += (yt - yh).abs();
+                tot += yt.abs();
+                under += (yh < yt) as usize;
+                k += 1;
+            }
+            per_horizon.push(Metrics {
+                wape: if tot > 0.0 { abs / tot } else { 0.0 },
+                mae: if k > 0 { abs / k as f64 } else { 0.0 },
+                under_rate: if k > 0 { under as f64 / k as f64 } else { 0.0 },
+            });
+        }
+        let avg =
+            |g: fn(&Metrics) -> f64| per_horizon.iter().map(g).sum::<f64>() / horizon.max(1) as f64;
+        models.insert(
+            name.to_string(),
+            MethodReport {
+                wape: avg(|m| m.wape),
+                mae: avg(|m| m.mae),
+                under_rate: avg(|m| m.under_rate),
+                per_horizon,
+            },
+        );
+    }
+    Ok(EvalReport {
+        trace: series.name.clone(),
+        horizon,
+        steps: n,
+        season,
+        models,
+    })
+}

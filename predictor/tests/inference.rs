@@ -1,0 +1,192 @@
+//! Embedded inference without burn: weight files, bad input, the forecast service.
+
+mod common;
+
+use memcast_predictor::data::Series;
+use memcast_predictor::eval::{evaluate, run_model};
+use memcast_predictor::norm::NormStats;
+use memcast_predictor::weights::{LayerWeights, Weights};
+use memcast_predictor::{
+    ArtifactConfig, EmbeddedLstm, Forecast, ForecastService, PredictorError, StepInput,
+};
+use memcast_trace::features::{StepConfig, StepFeaturizer, CH_TOTAL, FEATURES};
+use ndarray::{Array1, Array2};
+
+/// Deterministic small random weights for `config`.
+pub fn weights(config: &ArtifactConfig, seed: u64) -> Weights {
+    let mut s = seed | 1;
+    let mut r = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32 * 0.3
+    };
+    let m = &config.model;
+    let g = 4 * m.hidden;
+    let layers = (0..m.layers)
+        .map(|l| {
+            let input = if l == 0 { m.features } else { m.hidden };
+            LayerWeights {
+                w_ih: Array2::from_shape_fn((input, g), |_| r()),
+                w_hh: Array2::from_shape_fn((m.hidden, g), |_| r()),
+                bias: Array1::from_shape_fn(g, |_| r()),
+            }
+        })
+        .collect();
+    Weights {
+        config: config.clone(),
+        layers,
+        head_w: Array2::from_shape_fn((m.hidden, m.outputs()), |_| r()),
+        head_b: Array1::from_shape_fn(m.outputs(), |_| r()),
+        norm: NormStats {
+            feature_mean: vec![0.1; m.features],
+            feature_std: vec![1.5; m.features],
+            target_std: vec![0.5; m.channels],
+        },
+    }
+}
+
+#[test]
+fn safetensors_roundtrip_and_bad_files() {
+    let cfg = ArtifactConfig::default();
+    let w = weights(&cfg, 7);
+    let bytes = w.to_safetensors().unwrap();
+    assert_eq!(Weights::from_safetensors(&bytes, None).unwrap(), w);
+    assert_eq!(Weights::from_safetensors(&bytes, Some(&cfg)).unwrap(), w);
+    // Truncated, random, empty.
+    for bad in [&bytes[..bytes.len() / 2], &[7u8; 100][..], &[][..]] {
+        assert!(matches!(
+            Weights::from_safetensors(bad, None),
+            Err(PredictorError::Weights { .. })
+        ));
+    }
+    // A config that does not match the weights.
+    let mut other = cfg.clone();
+    other.model.hidden = 16;
+    let e = Weights::from_safetensors(&bytes, Some(&other)).unwrap_err();
+    assert!(matches!(e, PredictorError::Mismatch(_)), "{e}");
+    assert!(e.to_string().contains("shape"), "{e}");
+    let mut other = cfg.clone();
+    other.model.horizon = 3;
+    assert!(Weights::from_safetensors(&bytes, Some(&other)).is_err());
+    // A missing file names the path.
+    let e = Weights::load(std::path::Path::new("/nonexistent/x.safetensors"), None).unwrap_err();
+    assert!(e.to_string().contains("/nonexistent/x.safetensors"));
+    // NaN weights are refused.
+    let mut nan = w.clone();
+    nan.head_b[0] = f32::NAN;
+    assert!(EmbeddedLstm::new(nan).is_err());
+}
+
+#[test]
+fn bad_features_are_errors_and_leave_state_alone() {
+    let mut m = EmbeddedLstm::new(weights(&ArtifactConfig::default(), 3)).unwrap();
+    let x = [0.5f32; FEATURES];
+    let first = m.step(&x).unwrap().to_vec();
+    m.reset();
+    assert!(matches!(
+        m.step(&x[..5]),
+        Err(PredictorError::FeatureWidth {
+            expected: FEATURES,
+            got: 5
+        })
+    ));
+    let mut bad = x;
+    bad[3] = f32::NAN;
+    assert!(matches!(
+        m.step(&bad),
+        Err(PredictorError::NonFinite { index: 3, .. })
+    ));
+    bad[3] = f32::INFINITY;
+    assert!(m.step(&bad).is_err());
+    // The rejected steps did not touch the state.
+    assert_eq!(m.step(&x).unwrap(), &first[..]);
+}
+
+#[test]
+fn static_trace_forecast_equals_seasonal_naive() {
+    // While iterations repeat exactly, the model's forecast is the seasonal one.
+    let t = common::trace(5, 100, |_| 1);
+    let s = Series::from_trace(
+        "static",
+        &t,
+        StepConfig {
+            allocs_per_step: 16,
+            ..Default::default()
+        },
+        5,
+    );
+    let mut m = EmbeddedLstm::new(weights(&ArtifactConfig::default(), 11)).unwrap();
+    let r = evaluate(&s, Some(&mut m)).unwrap();
+    let sn = &r.models["seasonal_naive"];
+    let lstm = &r.models["lstm"];
+    // Only the first iteration (no previous one) can differ.
+    let fc = run_model(&s, &mut m).unwrap();
+    for (t, rec) in s.records.iter().enumerate() {
+        if rec.step.repeat {
+            for h in 1..=5 {
+                assert_eq!(
+                    fc[t].bytes[h - 1][CH_TOTAL],
+                    rec.seasonal[h - 1][CH_TOTAL] as f64
+                );
+            }
+        }
+    }
+    assert!(sn.wape > 0.0 && lstm.wape.is_finite());
+}
+
+#[test]
+fn service_publishes_and_never_blocks() {
+    let cfg = ArtifactConfig::default();
+    let w = weights(&cfg, 5);
+    let svc = ForecastService::start(EmbeddedLstm::new(w.clone()).unwrap(), 4).unwrap();
+    assert!(svc.latest().is_none());
+    let t = common::trace(3, 80, common::dyn_scale(9));
+    let mut f = StepFeaturizer::new(StepConfig::default());
+    let mut inputs = Vec::new();
+    for e in &t.events {
+        if let Some(step) = f.push(e) {
+            inputs.push(StepInput::new(&step, &f));
+        }
+    }
+    // Submit a burst far larger than the queue: some are dropped, none blocks.
+    for i in &inputs {
+        svc.submit(*i);
+    }
+    let stats = svc.shutdown();
+    assert_eq!(stats.submitted, inputs.len() as u64);
+    assert_eq!(stats.submitted, stats.dropped + stats.processed);
+    assert_eq!(stats.errors, 0);
+
+    // One at a time, waiting for each: every step is processed, and the published
+    // forecast equals the model run directly on the same inputs.
+    let svc = ForecastService::start(EmbeddedLstm::new(w.clone()).unwrap(), 2).unwrap();
+    let mut direct = EmbeddedLstm::new(w).unwrap();
+    let mut want = Forecast::default();
+    for i in &inputs {
+        assert!(svc.submit(*i));
+        direct.forecast(i, &mut want).unwrap();
+        let got = loop {
+            match svc.latest() {
+                Some(f) if f.step_index == i.step_index => break f,
+                _ => std::thread::yield_now(),
+            }
+        };
+        assert_eq!(got, want);
+    }
+    // A bad input is counted, not fatal.
+    let mut bad = inputs[0];
+    bad.features[0] = f32::NAN;
+    svc.submit(bad);
+    let stats = svc.shutdown();
+    assert_eq!(stats.errors, 1);
+    assert_eq!(stats.dropped, 0);
+}
+
+#[test]
+fn empty_series_evaluates_to_nothing() {
+    let s = Series::from_trace("empty", &Default::default(), StepConfig::default(), 5);
+    assert!(s.is_empty());
+    let r = evaluate(&s, None).unwrap();
+    assert_eq!(r.steps, 0);
+}

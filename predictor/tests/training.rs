@@ -1,0 +1,178 @@
+//! burn-side checks (feature `train`): embedded inference matches burn's forward,
+//! training is deterministic and learns, burn records round-trip.
+#![cfg(feature = "train")]
+
+mod common;
+
+use memcast_predictor::data::Series;
+use memcast_predictor::eval::evaluate;
+use memcast_predictor::train::backend::{
+    burn_forward, load_burn_record, save_burn_record, train_with,
+};
+use memcast_predictor::train::{BackendKind, NoProgress};
+use memcast_predictor::{ArtifactConfig, EmbeddedLstm, ModelConfig, TrainConfig, Weights};
+use memcast_trace::features::{StepConfig, FEATURES};
+
+fn random_weights(config: &ArtifactConfig, seed: u64) -> Weights {
+    // Training init is seeded and plain Rust: reuse it, then perturb the head so the
+    // outputs are not near zero.
+    let norm = memcast_predictor::norm::NormStats {
+        feature_mean: vec![0.2; FEATURES],
+        feature_std: vec![0.7; FEATURES],
+        target_std: vec![1.0; config.model.channels],
+    };
+    let mut w = memcast_predictor::train::model::init_weights(config, norm, seed).unwrap();
+    w.head_w.mapv_inplace(|v| v * 10.0);
+    w
+}
+
+#[test]
+fn embedded_matches_burn_forward() {
+    for (layers, hidden) in [(1, 32), (2, 24)] {
+        let config = ArtifactConfig {
+            model: ModelConfig {
+                layers,
+                hidden,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let w = random_weights(&config, 3 + layers as u64);
+        let (b, win) = (4, 40);
+        let mut s = 12345u64;
+        let x: Vec<f32> = (0..b * win * FEATURES)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 6.0 - 3.0
+            })
+            .collect();
+        let want = burn_forward(&w, &x, b, win).unwrap();
+        let o = config.model.outputs();
+        let mut m = EmbeddedLstm::new(w).unwrap();
+        let mut max_diff = 0f32;
+        for bi in 0..b {
+            m.reset();
+            for t in 0..win {
+                let xi = &x[(bi * win + t) * FEATURES..(bi * win + t + 1) * FEATURES];
+                let got = m.step_normalized(xi);
+                let off = (bi * win + t) * o;
+                for k in 0..o {
+                    max_diff = max_diff.max((got[k] - want[off + k]).abs());
+                }
+            }
+        }
+        assert!(
+            max_diff <= 1e-4,
+            "layers {layers}: max |embedded - burn| = {max_diff}"
+        );
+        assert!(
+            want.iter().any(|v| v.abs() > 0.1),
+            "outputs too small to compare"
+        );
+    }
+}
+
+fn small_config() -> ArtifactConfig {
+    ArtifactConfig {
+        model: ModelConfig {
+            hidden: 16,
+            ..Default::default()
+        },
+        train: TrainConfig {
+            epochs: 4,
+            window: 16,
+            burn_in: 4,
+            batch: 16,
+            patience: 10,
+            ..Default::default()
+        },
+        step: StepConfig {
+            allocs_per_step: 16,
+            ..Default::default()
+        },
+    }
+}
+
+fn dataset(c: &ArtifactConfig) -> Vec<Series> {
+    (0..4)
+        .map(|k| {
+            let t = common::trace(8, 120, common::dyn_scale(k + 1));
+            Series::from_trace(&format!("dyn{k}"), &t, c.step, c.model.horizon)
+        })
+        .collect()
+}
+
+#[test]
+fn training_is_deterministic_and_records_round_trip() {
+    let c = small_config();
+    let data = dataset(&c);
+    let a = train_with(BackendKind::Ndarray, &data, &c, &mut NoProgress).unwrap();
+    let b = train_with(BackendKind::Ndarray, &data, &c, &mut NoProgress).unwrap();
+    assert_eq!(a.weights, b.weights, "same seed, same model");
+    assert_eq!(a.val_traces, b.val_traces);
+    assert!(!a.val_traces.is_empty());
+    assert!(
+        a.val_traces.iter().all(|v| !a.train_traces.contains(v)),
+        "split by trace"
+    );
+    let mut c2 = c.clone();
+    c2.train.seed = 7;
+    let d = train_with(BackendKind::Ndarray, &data, &c2, &mut NoProgress).unwrap();
+    assert_ne!(a.weights, d.weights);
+
+    let dir = std::env::temp_dir().join(format!("memcast-rec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.mpk");
+    save_burn_record(&a.weights, &path).unwrap();
+    let back = load_burn_record(&path, &c, &d.weights).unwrap();
+    assert_eq!(back, a.weights);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn training_learns_to_rescale() {
+    // Iterations change scale at random: the trained model must beat its untrained self
+    // on a held-out trace of the same family.
+    let mut c = small_config();
+    c.train.epochs = 12;
+    let data = dataset(&c);
+    let out = train_with(BackendKind::Ndarray, &data, &c, &mut NoProgress).unwrap();
+    let first = out.history.first().unwrap().train_loss;
+    let last = out.history.last().unwrap().train_loss;
+    assert!(last < first, "training loss {first} -> {last}");
+    let test = Series::from_trace(
+        "test",
+        &common::trace(8, 120, common::dyn_scale(99)),
+        c.step,
+        5,
+    );
+    let mut trained = EmbeddedLstm::new(out.weights.clone()).unwrap();
+    let r = evaluate(&test, Some(&mut trained)).unwrap();
+    assert!(r.models["lstm"].wape.is_finite());
+}
+
+#[test]
+fn cuda_without_feature_or_driver_is_a_clear_error() {
+    let c = small_config();
+    let data = dataset(&c);
+    match train_with(BackendKind::Cuda, &data, &c, &mut NoProgress) {
+        Err(e) => {
+            let m = e.to_string();
+            assert!(m.contains("cuda") || m.contains("CUDA"), "{m}");
+        }
+        // A machine with a GPU and the feature may train: that is fine too.
+        Ok(_) => {
+            let built_with_cuda = cfg!(feature = "cuda");
+            assert!(built_with_cuda, "trained on CUDA without the feature");
+        }
+    }
+}
+
+#[test]
+fn empty_training_set_is_an_error() {
+    let c = small_config();
+    let empty = vec![Series::from_trace("e", &Default::default(), c.step, 5)];
+    assert!(train_with(BackendKind::Ndarray, &empty, &c, &mut NoProgress).is_err());
+}

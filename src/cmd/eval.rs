@@ -1,0 +1,87 @@
+//! `memcast eval`: the LSTM against last value, moving average and seasonal naive on
+//! the same steps of each trace.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use memcast_predictor::artifact;
+use memcast_predictor::data::load_series;
+use memcast_predictor::eval::{evaluate, EvalReport};
+
+#[derive(clap::Args, Debug)]
+pub struct EvalArgs {
+    /// Artifact directory (or .safetensors file). Default: the shipped default model.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Traces to evaluate on.
+    #[arg(long, required = true, num_args = 1..)]
+    pub trace: Vec<PathBuf>,
+    /// One JSON object per trace: {"horizon", "models": {name: {wape, mae, under_rate}}, ...}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Evaluates the model at `model` (default model if `None`) on one trace.
+pub fn eval_one(model: &Option<PathBuf>, trace: &PathBuf) -> Result<EvalReport> {
+    let dir = model.clone().unwrap_or_else(artifact::default_model_dir);
+    let mut m =
+        artifact::load_model(&dir).with_context(|| format!("loading model {}", dir.display()))?;
+    let cfg = m.weights().config.clone();
+    let series = load_series(trace, cfg.step, cfg.model.horizon)
+        .with_context(|| format!("loading {}", trace.display()))?;
+    anyhow::ensure!(
+        !series.is_empty(),
+        "{}: the trace has no allocations, nothing to forecast",
+        trace.display()
+    );
+    Ok(evaluate(&series, Some(&mut m))?)
+}
+
+pub fn run(a: EvalArgs) -> Result<()> {
+    for t in &a.trace {
+        let r = eval_one(&a.model, t)?;
+        if a.json {
+            let models: serde_json::Map<String, serde_json::Value> = r
+                .models
+                .iter()
+                .map(|(k, m)| {
+                    (
+                        k.clone(),
+                        serde_json::json!({"wape": m.wape, "mae": m.mae, "under_rate": m.under_rate,
+                            "per_horizon": m.per_horizon}),
+                    )
+                })
+                .collect();
+            let (best, best_wape) = r.best_baseline();
+            let lstm = r.models.get("lstm").map_or(f64::NAN, |m| m.wape);
+            println!(
+                "{}",
+                serde_json::json!({
+                    "trace": r.trace, "steps": r.steps, "season": r.season,
+                    "horizon": r.horizon, "models": models,
+                    "best_baseline": best, "lstm_vs_best_baseline": lstm / best_wape,
+                })
+            );
+        } else {
+            println!(
+                "{} ({} steps, horizon {}, season {})",
+                r.trace, r.steps, r.horizon, r.season
+            );
+            println!(
+                "  {:<18} {:>8} {:>14} {:>10}",
+                "model", "WAPE", "MAE (bytes)", "under"
+            );
+            for (k, m) in &r.models {
+                println!(
+                    "  {k:<18} {:>8.4} {:>14.0} {:>10.3}",
+                    m.wape, m.mae, m.under_rate
+                );
+            }
+            let (best, bw) = r.best_baseline();
+            if let Some(l) = r.models.get("lstm") {
+                println!("  lstm / best baseline ({best}) = {:.3}", l.wape / bw);
+            }
+        }
+    }
+    Ok(())
+}

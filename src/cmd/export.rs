@@ -1,0 +1,37 @@
+//! `memcast export`: a trained model's weights as safetensors or as a burn record.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use memcast_predictor::artifact;
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportFormat {
+    /// safetensors (tensor names and shapes in docs/predictor.md; config in the metadata).
+    Safetensors,
+    /// burn's NamedMpk record, full precision.
+    Burn,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ExportArgs {
+    /// Artifact directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    #[arg(long, value_enum)]
+    pub format: ExportFormat,
+    /// Output file.
+    #[arg(short, long)]
+    pub output: PathBuf,
+}
+
+pub fn run(a: ExportArgs) -> Result<()> {
+    let w = artifact::load_weights(&a.model)
+        .with_context(|| format!("loading model {}", a.model.display()))?;
+    match a.format {
+        ExportFormat::Safetensors => w.save(&a.output)?,
+        ExportFormat::Burn => memcast_predictor::train::backend::save_burn_record(&w, &a.output)?,
+    }
+    println!("wrote {}", a.output.display());
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! `memcast train`: trains the forecaster on traces and writes an artifact directory.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use memcast_predictor::artifact;
+use memcast_predictor::data::{load_series, trace_files, Series};
+use memcast_predictor::train::{train_with, BackendKind, EpochReport, Progress};
+use memcast_predictor::{ArtifactConfig, ModelConfig, TrainConfig};
+use memcast_trace::features::StepConfig;
+
+#[derive(clap::Args, Debug)]
+pub struct TrainArgs {
+    /// Trace files or directories (their *.mctrace, *.pickle, *.pickle.xz).
+    #[arg(long, required = true, num_args = 1..)]
+    pub traces: Vec<PathBuf>,
+    /// Skip traces whose name contains this (repeatable; for leave-one-out).
+    #[arg(long)]
+    pub exclude: Vec<String>,
+    /// Artifact directory to write.
+    #[arg(short, long, default_value = "memcast-model")]
+    pub output: PathBuf,
+    /// ndarray (CPU) or cuda (needs the `cuda` feature and a GPU).
+    #[arg(long, default_value = "ndarray")]
+    pub backend: BackendKind,
+    #[arg(long, default_value_t = TrainConfig::default().epochs)]
+    pub epochs: usize,
+    #[arg(long, default_value_t = ModelConfig::default().hidden)]
+    pub hidden: usize,
+    #[arg(long, default_value_t = ModelConfig::default().layers)]
+    pub layers: usize,
+    /// Steps forecast ahead.
+    #[arg(long, default_value_t = ModelConfig::default().horizon)]
+    pub horizon: usize,
+    /// Steps per training window.
+    #[arg(long, default_value_t = TrainConfig::default().window)]
+    pub window: usize,
+    #[arg(long, default_value_t = TrainConfig::default().stride)]
+    pub stride: usize,
+    #[arg(long, default_value_t = TrainConfig::default().batch)]
+    pub batch: usize,
+    #[arg(long, default_value_t = TrainConfig::default().learning_rate)]
+    pub lr: f64,
+    #[arg(long, default_value_t = TrainConfig::default().patience)]
+    pub patience: usize,
+    #[arg(long, default_value_t = TrainConfig::default().val_fraction)]
+    pub val_fraction: f64,
+    #[arg(long, default_value_t = TrainConfig::default().seed)]
+    pub seed: u64,
+    /// Stop after the epoch that crosses this many seconds (0 = no limit).
+    #[arg(long, default_value_t = 0)]
+    pub max_seconds: u64,
+    /// Windows drawn per trace per epoch (0 = all).
+    #[arg(long, default_value_t = TrainConfig::default().max_windows_per_trace)]
+    pub max_windows_per_trace: usize,
+    /// Allocations per step (the featurizer's step length).
+    #[arg(long, default_value_t = StepConfig::default().allocs_per_step)]
+    pub step_allocs: u32,
+}
+
+/// Loads every trace (minus exclusions) as a series for `horizon`.
+pub fn load_all(
+    inputs: &[PathBuf],
+    exclude: &[String],
+    step: StepConfig,
+    horizon: usize,
+) -> Result<Vec<Series>> {
+    let files = trace_files(inputs)?;
+    let mut out = Vec::new();
+    for f in files {
+        let name = memcast_trace::io::trace_name(&f);
+        if exclude.iter().any(|x| name.contains(x.as_str())) {
+            continue;
+        }
+        out.push(
+            load_series(&f, step, horizon).with_context(|| format!("loading {}", f.display()))?,
+        );
+    }
+    anyhow::ensure!(!out.is_empty(), "no trace files found in {inputs:?}");
+    Ok(out)
+}
+
+struct Bar(ProgressBar);
+
+impl Progress for Bar {
+    fn start(&mut self, epochs: usize, batches: usize) {
+        self.0.set_length((epochs * batches) as u64);
+    }
+    fn batch(&mut self, epoch: usize, loss: f64) {
+        self.0.set_message(format!("epoch {epoch} loss {loss:.4}"));
+        self.0.inc(1);
+    }
+    fn epoch(&mut self, r: &EpochReport) {
+        self.0.println(format!(
+            "epoch {:>3}  train loss {:.5}  val loss {:.5}  {:.1} s",
+            r.epoch, r.train_loss, r.val_loss, r.seconds
+        ));
+    }
+}
+
+pub fn run(a: TrainArgs) -> Result<()> {
+    let config = ArtifactConfig {
+        model: ModelConfig {
+            hidden: a.hidden,
+            layers: a.layers,
+            horizon: a.horizon,
+            ..ModelConfig::default()
+        },
+        train: TrainConfig {
+            window: a.window,
+            stride: a.stride,
+            burn_in: TrainConfig::default().burn_in.min(a.window / 2),
+            learning_rate: a.lr,
+            epochs: a.epochs,
+            batch: a.batch,
+            patience: a.patience,
+            val_fraction: a.val_fraction,
+            seed: a.seed,
+            max_seconds: a.max_seconds,
+            max_windows_per_trace: a.max_windows_per_trace,
+        },
+        step: StepConfig {
+            allocs_per_step: a.step_allocs,
+            restart_at_iteration: true,
+        },
+    };
+    config.model.validate()?;
+    config.train.validate()?;
+    anyhow::ensure!(a.step_allocs > 0, "--step-allocs must be at least 1");
+    let t0 = std::time::Instant::now();
+    let series = load_all(&a.traces, &a.exclude, config.step, config.model.horizon)?;
+    let steps: usize = series.iter().map(|s| s.len()).sum();
+    eprintln!(
+        "{} traces, {steps} steps (loaded and featurized in {:.1} s)",
+        series.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    let pb = ProgressBar::new(0);
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        pb.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    pb.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    let mut bar = Bar(pb);
+    let out = train_with(a.backend, &series, &config, &mut bar)?;
+    bar.0.finish_and_clear();
+    for r in &out.history {
+        if bar.0.is_hidden() {
+            eprintln!(
+                "epoch {:>3}  train loss {:.5}  val loss {:.5}  {:.1} s",
+                r.epoch, r.train_loss, r.val_loss, r.seconds
+            );
+        }
+    }
+    artifact::save(&a.output, &out.weights)?;
+    memcast_predictor::train::backend::save_burn_record(&out.weights, &a.output.join("model"))?;
+    let metrics = serde_json::json!({
+        "backend": a.backend,
+        "train_traces": out.train_traces,
+        "val_traces": out.val_traces,
+        "train_windows": out.train_windows,
+        "best_epoch": out.best_epoch,
+        "stopped_early": out.stopped_early,
+        "train_seconds": out.seconds,
+        "seconds_per_epoch": out.seconds / out.history.len().max(1) as f64,
+        "history": out.history,
+    });
+    artifact::write_json(&a.output.join(artifact::METRICS), &metrics)?;
+    println!(
+        "trained {} epochs (best {}) in {:.1} s on {:?}; wrote {}",
+        out.history.len(),
+        out.best_epoch,
+        out.seconds,
+        a.backend,
+        a.output.display()
+    );
+    Ok(())
+}
