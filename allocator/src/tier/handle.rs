@@ -110,6 +110,9 @@ pub struct Entry {
     pub step: u64,
     /// Brought back by a prefetch and not accessed since.
     pub prefetched_unused: bool,
+    /// A cancelled spill's copy still reading this tensor's device memory: the memory
+    /// must outlive it (a free hands it to that transfer).
+    pub reader: Option<TransferId>,
 }
 
 impl Entry {

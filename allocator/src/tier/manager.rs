@@ -104,7 +104,7 @@ pub struct TierManager<B: DeviceBackend> {
     /// Non-persistent tensors registered this iteration, by ordinal.
     pub(crate) ordinals: Vec<TensorHandle>,
     /// Device bytes (requested) that in-flight spills will release.
-    // Invariant: == sum of SpillingOut tensors' bytes + orphaned spills' device bytes.
+    // Invariant: == sum of SpillingOut tensors' bytes.
     pub(crate) releasing: u64,
     pub(crate) done: Vec<Done>,
     pub(crate) plan: Vec<TensorHandle>,
@@ -208,6 +208,7 @@ impl<B: DeviceBackend> TierManager<B> {
             recompute_prob: opts.recompute_prob.clamp(0.0, 1.0),
             step: 0,
             prefetched_unused: false,
+            reader: None,
         };
         e.touch(now, self.step);
         let h = self.reg.insert(e);
@@ -248,6 +249,7 @@ impl<B: DeviceBackend> TierManager<B> {
                 // The device copy is still authoritative: keep it, drop the host copy
                 // once the copy that writes it completes.
                 e.place = Place::Device { alloc };
+                e.reader = Some(transfer);
                 let bytes = e.bytes;
                 self.pipe.orphan(
                     transfer,
@@ -291,6 +293,9 @@ impl<B: DeviceBackend> TierManager<B> {
             self.stats.prefetch_wasted += 1;
         }
         match e.place {
+            // A cancelled spill still reads it: the transfer frees it when done.
+            Place::Device { alloc }
+                if e.reader.is_some_and(|t| self.pipe.adopt_device(t, alloc)) => {}
             Place::Device { alloc } => self.alloc.deallocate(alloc, 0)?,
             Place::Host { host } => self.release_host(host)?,
             Place::SpillingOut {
@@ -303,6 +308,9 @@ impl<B: DeviceBackend> TierManager<B> {
                 host,
                 transfer,
             } => {
+                if matches!(e.place, Place::SpillingOut { .. }) {
+                    self.releasing -= alloc.size;
+                }
                 let orphaned = self.pipe.orphan(
                     transfer,
                     Completion::Release {
@@ -338,7 +346,7 @@ impl<B: DeviceBackend> TierManager<B> {
     pub fn spill(&mut self, h: TensorHandle) -> Result<bool, TierError> {
         self.poll()?;
         let e = self.reg.get(h)?;
-        if e.step == self.step || !matches!(e.place, Place::Device { .. }) {
+        if e.step == self.step || e.reader.is_some() || !matches!(e.place, Place::Device { .. }) {
             return Ok(false);
         }
         self.start_spill(h)
@@ -399,10 +407,12 @@ impl<B: DeviceBackend> TierManager<B> {
     fn finish(&mut self, d: Done) -> Result<(), TierError> {
         match d.completion {
             Completion::Release { device, host } => {
-                if let Some(a) = device {
-                    if d.dir == Direction::Out {
-                        self.releasing -= a.size;
+                if let Ok(e) = self.reg.get_mut(d.handle) {
+                    if e.reader == Some(d.id) {
+                        e.reader = None;
                     }
+                }
+                if let Some(a) = device {
                     self.alloc.deallocate(a, 0)?;
                 }
                 if let Some(hl) = host {
@@ -478,6 +488,9 @@ impl<B: DeviceBackend> TierManager<B> {
         else {
             return Ok(false);
         };
+        if e.reader.is_some() {
+            return Ok(false);
+        }
         let host = match self.host_alloc(bytes) {
             Ok(l) => l,
             Err(_) => return Ok(false),

@@ -27,6 +27,9 @@ impl<B: DeviceBackend> TierManager<B> {
     /// Device memory for `bytes`, spilling as needed. See the module docs.
     pub(crate) fn device_alloc(&mut self, bytes: u64) -> Result<Allocation, TierError> {
         self.poll()?;
+        if bytes > self.cfg.budget {
+            return Err(self.oom(bytes));
+        }
         let budget = self.cfg.budget as f64;
         let allocated = self.alloc.stats().allocated.current;
         if (allocated + bytes) as f64 > self.cfg.high_watermark * budget {
@@ -108,6 +111,7 @@ impl<B: DeviceBackend> TierManager<B> {
             .filter(|(_, e)| {
                 matches!(e.place, Place::Device { .. })
                     && e.step != step
+                    && e.reader.is_none()
                     && (with_prefetched || !e.prefetched_unused)
             })
             .map(|(h, e)| Candidate {
@@ -196,9 +200,6 @@ impl<B: DeviceBackend> TierManager<B> {
             {
                 if let Some(a) = d {
                     device += a.size;
-                    if f.dir == Direction::Out {
-                        releasing += a.size;
-                    }
                 }
                 if let Some(hl) = hl {
                     host += host_len(&hl);
@@ -206,6 +207,16 @@ impl<B: DeviceBackend> TierManager<B> {
             }
         }
         for (h, e) in self.reg.iter() {
+            if let Some(t) = e.reader {
+                let ok = in_flight.get(&t).is_some_and(|f| {
+                    matches!(f.completion, Completion::Release { device: None, .. })
+                });
+                if !ok || !matches!(e.place, Place::Device { .. }) {
+                    return bad(format!(
+                        "tensor {h}: reader transfer {t:?} is not an orphan in flight"
+                    ));
+                }
+            }
             if let Some(a) = e.place.device() {
                 if a.size != e.bytes {
                     return bad(format!(

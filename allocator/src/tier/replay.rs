@@ -10,7 +10,11 @@
 //! Metrics: `compute_us` = the trace's span; `stall_us` = backend stall during the
 //! replay; `stall_overhead = stall_us / compute_us`; prefetch hit rate = hits /
 //! (hits + misses), a miss being an access that waited for a transfer (fault or late
-//! prefetch). An out-of-memory is not an `Err`: the report says `completed: false`
+//! prefetch). A step (the tensors one kernel needs at once, pinned together) whose
+//! accesses exceed `max_step_fraction x budget` is split into several: multi-tensor
+//! kernels such as the fused optimizer step (`multi_tensor_apply`) process their tensor
+//! lists in chunks, so they never need every parameter, gradient and optimizer state
+//! on the device at once. An out-of-memory is not an `Err`: the report says `completed: false`
 //! and `error` names the step and the bytes short.
 
 use std::collections::HashMap;
@@ -96,6 +100,9 @@ pub struct TierReplayOptions {
     pub recompute_prob: f64,
     /// Run `check_invariants()` every N operations (0 = never).
     pub check_every: u64,
+    /// Largest working set of one step, as a fraction of the budget: a step that
+    /// accesses more is split (see the module docs).
+    pub max_step_fraction: f64,
 }
 
 impl Default for TierReplayOptions {
@@ -111,6 +118,7 @@ impl Default for TierReplayOptions {
             alloc: AllocConfig::default(),
             recompute_prob: 0.5,
             check_every: 0,
+            max_step_fraction: 0.5,
         }
     }
 }
@@ -241,6 +249,17 @@ fn run<B: DeviceBackend>(
     let mut setup_us = 0.0;
     let mut error = None;
     let mut n_ops = 0u64;
+    let step_cap = (opts.max_step_fraction * budget as f64) as u64;
+    let mut step_bytes = 0u64;
+    let bytes_of: HashMap<u64, u64> = trace
+        .static_blocks
+        .iter()
+        .map(|b| (b.id, b.bytes))
+        .chain(trace.events.iter().filter_map(|e| match e.kind {
+            memcast_trace::EventKind::Alloc { id, bytes, .. } => Some((id, bytes)),
+            _ => None,
+        }))
+        .collect();
 
     let bad = |event: Option<u64>, what: String| TierReplayError::Trace {
         what: format!("{}: {what}", where_(event)),
@@ -252,6 +271,18 @@ fn run<B: DeviceBackend>(
             stall0 = Some(setup_us);
         }
         n_ops += 1;
+        let touched = match op.kind {
+            OpKind::Alloc { bytes, .. } => bytes,
+            OpKind::Access { id, .. } => bytes_of.get(&id).copied().unwrap_or(0),
+            _ => 0,
+        };
+        if touched > 0 {
+            if step_bytes > 0 && step_bytes + touched > step_cap {
+                m.end_step();
+                step_bytes = 0;
+            }
+            step_bytes += touched;
+        }
         let r: Result<(), TierError> = match op.kind {
             OpKind::Advance(us) => {
                 m.backend_mut().advance_us(us as f64);
@@ -260,6 +291,7 @@ fn run<B: DeviceBackend>(
             }
             OpKind::EndStep => {
                 m.end_step();
+                step_bytes = 0;
                 Ok(())
             }
             OpKind::IterationBoundary => m.iteration_boundary(),

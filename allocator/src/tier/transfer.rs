@@ -163,6 +163,24 @@ impl Pipeline {
         false
     }
 
+    /// Gives the device block `device` to orphan `id` (released when it completes).
+    /// Returns false if `id` is not an orphan in flight.
+    pub fn adopt_device(&mut self, id: TransferId, device: Allocation) -> bool {
+        for f in self.out.iter_mut().chain(self.inn.iter_mut()) {
+            if f.done.id == id {
+                if let Completion::Release {
+                    device: d @ None, ..
+                } = &mut f.done.completion
+                {
+                    *d = Some(device);
+                    return true;
+                }
+                return false;
+            }
+        }
+        false
+    }
+
     fn pop(&mut self, dir: Direction) -> Option<InFlight> {
         let f = match dir {
             Direction::Out => self.out.pop_front(),
