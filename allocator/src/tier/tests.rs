@@ -613,3 +613,96 @@ fn sim_duplex_copies_share_the_measured_102_gbps() {
     let gbps = (64u64 << 20) as f64 / ((b.now_us() - t0) * 1e3);
     assert!(gbps > 50.0, "{gbps}");
 }
+
+/// The replay table of docs/tiers.md: every bundled trace and the synthetic family
+/// presets at 100/80/60/40% of peak requested bytes, reactive prefetch, plus the same
+/// at 60% without prefetch. Run with
+/// `cargo test -p memcast-alloc --lib tier::tests::replay_table -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn replay_table() {
+    use memcast_trace::synth::{generate, Family, SynthConfig};
+    let mut traces: Vec<memcast_trace::Trace> = memcast_trace::bundled::ALL
+        .iter()
+        .map(|b| b.load().unwrap())
+        .collect();
+    for (fam, name) in [
+        (Family::Mlp, "synth mlp"),
+        (Family::Cnn, "synth cnn (ResNet-50)"),
+        (Family::Transformer, "synth transformer (GPT-2)"),
+    ] {
+        let mut t = generate(&SynthConfig::preset(fam)).unwrap();
+        t.meta.name = name.into();
+        traces.push(t);
+    }
+    println!("| trace | budget | completed | stall overhead | spilled | prefetched | hit rate (hits/misses) | no-prefetch overhead |");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    for t in &traces {
+        for f in [1.0, 0.8, 0.6, 0.4] {
+            let run = |prefetch: bool| {
+                let opts = TierReplayOptions {
+                    budget: Budget::Fraction(f),
+                    prefetch,
+                    ..Default::default()
+                };
+                replay_budgeted(t, &opts).unwrap()
+            };
+            let r = run(true);
+            let n = run(false);
+            let gb = |b: u64| format!("{:.1} GB", b as f64 / 1e9);
+            let ov = |r: &super::TierReport| {
+                if r.completed {
+                    format!("{:.2}", r.stall_overhead)
+                } else {
+                    "OOM".into()
+                }
+            };
+            println!(
+                "| {} | {:.0}% ({}) | {} | {} | {} | {} | {:.2} ({}/{}) | {} |",
+                t.meta.name,
+                f * 100.0,
+                gb(r.budget_bytes),
+                r.completed,
+                ov(&r),
+                gb(r.spilled_bytes),
+                gb(r.prefetched_bytes),
+                r.prefetch_hit_rate,
+                r.prefetch_hits,
+                r.prefetch_misses,
+                ov(&n)
+            );
+            if let Some(e) = &r.error {
+                println!("|  | error: {e} | | | | | | |");
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore]
+fn diag() {
+    use memcast_trace::synth::{generate, Family, SynthConfig};
+    let env = |k: &str, d: f64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let t = match std::env::var("T").as_deref() {
+        Ok("mlp") => generate(&SynthConfig::preset(Family::Mlp)).unwrap(),
+        Ok(name) => memcast_trace::bundled::get(name).unwrap().load().unwrap(),
+        _ => panic!(),
+    };
+    let mut opts = TierReplayOptions {
+        budget: Budget::Fraction(env("FR", 1.0)),
+        ..Default::default()
+    };
+    opts.alloc.growable_segments = env("GROW", 1.0) > 0.0;
+    opts.tier.high_watermark = env("HI", 0.9);
+    opts.tier.low_watermark = env("LO", 0.8);
+    opts.tier.prefetch_watermark = env("PW", 0.8);
+    let (b, _) = (0, 0);
+    let _ = b;
+    let r = replay_budgeted(&t, &opts).unwrap();
+    eprintln!("{}", serde_json::to_string_pretty(&r).unwrap());
+}
