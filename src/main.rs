@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 mod cmd;
 
 #[derive(Parser)]
-#[command(name = "memcast", version, about = "A GPU memory allocator that looks ahead")]
+#[command(
+    name = "memcast",
+    version,
+    about = "A GPU memory allocator that looks ahead"
+)]
 struct Cli {
     /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `memcast_alloc=debug`.
     #[arg(long, global = true, env = "MEMCAST_LOG", default_value = "warn")]
@@ -25,6 +29,14 @@ enum Command {
     Replay(cmd::replay::ReplayArgs),
     /// Import the bundled traces and show what memcast does with them.
     Demo(cmd::demo::DemoArgs),
+    /// Train the demand forecaster (LSTM) on traces.
+    Train(cmd::train::TrainArgs),
+    /// Evaluate a forecaster against simple baselines on traces.
+    Eval(cmd::eval::EvalArgs),
+    /// Export a trained forecaster's weights (safetensors or burn record).
+    Export(cmd::export::ExportArgs),
+    /// Print (and plot) forecast against actual demand on a trace.
+    Predict(cmd::predict::PredictArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +51,10 @@ fn main() -> ExitCode {
         Command::Trace(c) => cmd::trace::run(c),
         Command::Replay(a) => cmd::replay::run(a),
         Command::Demo(a) => cmd::demo::run(a),
+        Command::Train(a) => cmd::train::run(a),
+        Command::Eval(a) => cmd::eval::run(a),
+        Command::Export(a) => cmd::export::run(a),
+        Command::Predict(a) => cmd::predict::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,11 +1,207 @@
-//! `memcast trace ...` (being written: issue 2).
+//! `memcast trace ...`: import, inspect, generate, featurize, export and plot traces.
 
-#[derive(clap::Subcommand)]
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::{Subcommand, ValueEnum};
+use memcast_trace::export::{write_text, TextFormat};
+use memcast_trace::io::load_trace_with;
+use memcast_trace::native::{save_with, WriteOptions};
+use memcast_trace::snapshot::{SnapshotOptions, DEFAULT_MARKER_BYTES};
+use memcast_trace::stats::{human_bytes, TraceStats};
+use memcast_trace::Trace;
+
+#[derive(Subcommand)]
 pub enum TraceCommand {
+    /// Convert a PyTorch snapshot pickle (optionally .xz) or a native trace to native.
+    Import {
+        file: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+        #[command(flatten)]
+        import: ImportArgs,
+        /// zstd level for the output (0 = uncompressed).
+        #[arg(long, default_value_t = 9)]
+        zstd: i32,
+    },
     /// Print summary statistics of a trace.
-    Stats { file: std::path::PathBuf },
+    Stats {
+        file: PathBuf,
+        #[command(flatten)]
+        import: ImportArgs,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Generate a synthetic trace from a computation graph.
+    Gen(super::gen::GenArgs),
+    /// Write the step features of a trace as CSV (the predictor's input).
+    Features {
+        file: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+        #[command(flatten)]
+        import: ImportArgs,
+        /// Allocation events per step (steps also end at iteration boundaries).
+        #[arg(long, default_value_t = memcast_trace::features::StepConfig::default().allocs_per_step)]
+        step_allocs: u32,
+    },
+    /// Export a trace as text (CSV or JSON Lines) for people and other tools.
+    Export {
+        file: PathBuf,
+        #[arg(long, value_enum)]
+        format: ExportFormat,
+        #[arg(short, long)]
+        output: PathBuf,
+        #[command(flatten)]
+        import: ImportArgs,
+    },
+    /// Plot live and static bytes over time with iteration boundaries (SVG or PNG).
+    Plot {
+        file: PathBuf,
+        /// Output file; the extension (.svg or .png) picks the format.
+        #[arg(short, long)]
+        output: PathBuf,
+        #[command(flatten)]
+        import: ImportArgs,
+    },
 }
 
-pub fn run(_c: TraceCommand) -> anyhow::Result<()> {
-    anyhow::bail!("trace commands are not implemented yet")
+/// Options for reading PyTorch snapshots (ignored for native traces).
+#[derive(clap::Args, Clone)]
+pub struct ImportArgs {
+    /// Allocation size (bytes) that marks an iteration boundary in PyTorch snapshots.
+    #[arg(long, default_value_t = DEFAULT_MARKER_BYTES)]
+    pub marker_bytes: u64,
+    /// Do not treat marker allocations as iteration boundaries.
+    #[arg(long)]
+    pub no_markers: bool,
+    /// Which CUDA device's events to read from a snapshot.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+}
+
+impl ImportArgs {
+    pub fn options(&self) -> SnapshotOptions {
+        SnapshotOptions {
+            device: self.device,
+            iteration_marker_bytes: (!self.no_markers).then_some(self.marker_bytes),
+            ..Default::default()
+        }
+    }
+
+    pub fn load(&self, path: &Path) -> Result<Trace> {
+        load_trace_with(path, &self.options())
+            .with_context(|| format!("cannot load trace {}", path.display()))
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy)]
+pub enum ExportFormat {
+    Csv,
+    Jsonl,
+}
+
+pub fn run(c: TraceCommand) -> Result<()> {
+    match c {
+        TraceCommand::Import {
+            file,
+            output,
+            import,
+            zstd,
+        } => {
+            let t = import.load(&file)?;
+            let opts = WriteOptions {
+                zstd_level: (zstd > 0).then_some(zstd),
+            };
+            save_with(&t, &output, opts)?;
+            let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
+            println!(
+                "{}: {} events, {} static blocks -> {} ({})",
+                file.display(),
+                t.events.len(),
+                t.static_blocks.len(),
+                output.display(),
+                human_bytes(size)
+            );
+        }
+        TraceCommand::Stats { file, import, json } => {
+            let t = import.load(&file)?;
+            let s = TraceStats::compute(&t)?;
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                print_stats(&s);
+            }
+        }
+        TraceCommand::Gen(args) => super::gen::run(args)?,
+        TraceCommand::Features {
+            file,
+            output,
+            import,
+            step_allocs,
+        } => {
+            let t = import.load(&file)?;
+            let n = super::features_csv::write(&t, step_allocs, &output)?;
+            println!("{}: {n} steps -> {}", file.display(), output.display());
+        }
+        TraceCommand::Export {
+            file,
+            format,
+            output,
+            import,
+        } => {
+            let t = import.load(&file)?;
+            let f = std::fs::File::create(&output)
+                .with_context(|| format!("cannot create {}", output.display()))?;
+            let format = match format {
+                ExportFormat::Csv => TextFormat::Csv,
+                ExportFormat::Jsonl => TextFormat::JsonLines,
+            };
+            let mut w = f;
+            write_text(&t, format, &mut w)
+                .with_context(|| format!("writing {}", output.display()))?;
+        }
+        TraceCommand::Plot {
+            file,
+            output,
+            import,
+        } => {
+            let t = import.load(&file)?;
+            super::plot::plot_trace(&t, &output)?;
+            println!("{}", output.display());
+        }
+    }
+    Ok(())
+}
+
+fn print_stats(s: &TraceStats) {
+    let rows: [(&str, String); 12] = [
+        ("events", s.events.to_string()),
+        ("allocs / frees", format!("{} / {}", s.allocs, s.frees)),
+        ("accesses", s.accesses.to_string()),
+        ("iterations", s.iterations.to_string()),
+        (
+            "static blocks",
+            format!("{} ({})", s.static_blocks, human_bytes(s.static_bytes)),
+        ),
+        ("peak live (trace)", human_bytes(s.peak_live_bytes)),
+        (
+            "peak requested",
+            format!(
+                "{} ({} B)",
+                human_bytes(s.peak_requested_bytes),
+                s.peak_requested_bytes
+            ),
+        ),
+        ("distinct sizes", s.distinct_sizes.to_string()),
+        ("streams", s.streams.to_string()),
+        ("duration", format!("{:.3} s", s.duration_us as f64 / 1e6)),
+        ("live at end", s.live_at_end.to_string()),
+        ("total requested", human_bytes(s.total_requested_bytes)),
+    ];
+    println!("{}", s.name);
+    for (k, v) in rows {
+        println!("  {k:<20} {v}");
+    }
 }

@@ -1,0 +1,211 @@
+//! End-to-end tests of the `memcast` binary's trace commands and the demo.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn memcast(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memcast"))
+        .args(args)
+        .output()
+        .expect("run memcast")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = memcast(args);
+    assert!(
+        o.status.success(),
+        "memcast {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn fails(args: &[&str]) -> String {
+    let o = memcast(args);
+    assert!(!o.status.success(), "memcast {args:?} should fail");
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn bundled(name: &str) -> String {
+    repo()
+        .join("training-data/traces")
+        .join(format!("{name}.mctrace"))
+        .display()
+        .to_string()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("memcast-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn stats_json_has_the_documented_keys() {
+    let out = ok(&["trace", "stats", &bundled("resnet50_b64_train"), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    for k in [
+        "events",
+        "allocs",
+        "frees",
+        "static_blocks",
+        "static_bytes",
+        "peak_live_bytes",
+        "peak_requested_bytes",
+        "iterations",
+        "distinct_sizes",
+        "duration_us",
+    ] {
+        assert!(v.get(k).is_some_and(|x| x.is_u64()), "missing {k}: {v}");
+    }
+    assert_eq!(v["allocs"], 5488);
+    assert_eq!(v["iterations"], 8);
+}
+
+#[test]
+fn import_from_pickle_matches_the_bundled_copy() {
+    let pickle = repo().join("../shared/traces/pytorch/resnet50_b64_train.snapshot.pickle");
+    if !pickle.exists() {
+        eprintln!("../shared not present: skipping the pickle import check");
+        return;
+    }
+    let out = tmp("resnet.mctrace");
+    ok(&["trace", "import", s(&pickle), "-o", s(&out)]);
+    let a = ok(&["trace", "stats", s(&out), "--json"]);
+    let b = ok(&["trace", "stats", &bundled("resnet50_b64_train"), "--json"]);
+    assert_eq!(a, b);
+}
+
+#[test]
+fn export_csv_and_jsonl() {
+    let csv = tmp("mob.csv");
+    ok(&[
+        "trace",
+        "export",
+        &bundled("mobilenet_v3_b128_train"),
+        "--format",
+        "csv",
+        "-o",
+        s(&csv),
+    ]);
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("index,time_us,kind,id,bytes,stream"));
+    let allocs = text.lines().filter(|l| l.contains(",alloc,")).count();
+    assert_eq!(allocs, 5584);
+    let jl = tmp("mob.jsonl");
+    ok(&[
+        "trace",
+        "export",
+        &bundled("mobilenet_v3_b128_train"),
+        "--format",
+        "jsonl",
+        "-o",
+        s(&jl),
+    ]);
+    let text = std::fs::read_to_string(&jl).unwrap();
+    for l in text.lines().take(1000) {
+        let _: serde_json::Value = serde_json::from_str(l).unwrap();
+    }
+}
+
+#[test]
+fn features_csv_has_one_row_per_step() {
+    let out = tmp("feat.csv");
+    let msg = ok(&[
+        "trace",
+        "features",
+        &bundled("resnet50_b64_train"),
+        "-o",
+        s(&out),
+    ]);
+    let n: usize = msg
+        .split(": ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(text.lines().count(), n + 1);
+    assert!(n > 100);
+}
+
+#[test]
+fn plot_writes_svg_and_png() {
+    let svg = tmp("r.svg");
+    ok(&[
+        "trace",
+        "plot",
+        &bundled("resnet50_b64_train"),
+        "-o",
+        s(&svg),
+    ]);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg") && (text.contains("<polyline") || text.contains("<path")));
+    let png = tmp("r.png");
+    ok(&[
+        "trace",
+        "plot",
+        &bundled("gpt2_generate_dynamic"),
+        "-o",
+        s(&png),
+    ]);
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    let e = fails(&[
+        "trace",
+        "plot",
+        &bundled("resnet50_b64_train"),
+        "-o",
+        "x.gif",
+    ]);
+    assert!(e.contains(".svg or .png"), "{e}");
+}
+
+#[test]
+fn bad_input_is_a_clear_error_not_a_panic() {
+    let e = fails(&["trace", "stats", "/nonexistent/trace.pickle"]);
+    assert!(e.contains("/nonexistent/trace.pickle"), "{e}");
+    // A truncated pickle names the byte offset.
+    let cut = tmp("cut.pickle");
+    let pickle = repo().join("../shared/traces/pytorch/resnet50_b64_train.snapshot.pickle");
+    let data = match std::fs::read(&pickle) {
+        Ok(d) => d[..d.len() / 2].to_vec(),
+        Err(_) => b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x05".to_vec(),
+    };
+    std::fs::write(&cut, data).unwrap();
+    let e = fails(&["trace", "stats", s(&cut)]);
+    assert!(e.contains("offset") && e.contains("cut.pickle"), "{e}");
+    // A damaged native file says so.
+    let bad = tmp("bad.mctrace");
+    let mut d = std::fs::read(bundled("resnet50_b64_train")).unwrap();
+    let n = d.len();
+    d[n - 3] ^= 0xff;
+    std::fs::write(&bad, d).unwrap();
+    let e = fails(&["trace", "stats", s(&bad)]);
+    assert!(
+        e.contains("bad.mctrace") && (e.contains("damaged") || e.contains("checksum")),
+        "{e}"
+    );
+}
+
+#[test]
+fn demo_runs_on_bundled_data() {
+    let out = ok(&["demo"]);
+    for name in ["resnet50_b64_train", "gpt2_generate_dynamic"] {
+        assert!(out.contains(name), "{out}");
+    }
+}
