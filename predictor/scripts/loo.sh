@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Leave-one-out evaluation on the bundled real traces: for each trace, train on the
-# others, evaluate on it. Usage: predictor/scripts/loo.sh [MEMCAST] [OUTDIR] [train args...]
+# others (plus the traces in $EXTRA, e.g. a synthetic set), evaluate on it.
+# Usage: [EXTRA=dir] predictor/scripts/loo.sh [MEMCAST] [OUTDIR] [train args...]
 set -euo pipefail
 BIN=${1:-target/debug/memcast}
 OUT=${2:-/tmp/memcast-loo}
@@ -8,7 +9,7 @@ shift 2 || true
 mkdir -p "$OUT"
 for f in training-data/traces/*.mctrace; do
   n=$(basename "$f" .mctrace)
-  "$BIN" train --traces training-data/traces --exclude "$n" -o "$OUT/$n" "$@" >"$OUT/$n.train.log" 2>&1
+  "$BIN" train --traces training-data/traces ${EXTRA:-} --exclude "$n" -o "$OUT/$n" "$@" >"$OUT/$n.train.log" 2>&1
   "$BIN" eval --model "$OUT/$n" --trace "$f" --json >"$OUT/$n.json"
 done
 python3 - "$OUT" <<'PY'

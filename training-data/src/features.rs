@@ -303,6 +303,11 @@ impl StepFeaturizer {
         self.cur_peak_live = self.live;
         self.cur_repeat = !self.prev.is_empty();
         self.last_ratio = 1.0;
+        // The next step is phase 0 of a new iteration: the same phase of the one just
+        // ended is the best guess there is (and what seasonal naive uses).
+        if self.cur_repeat {
+            self.base_kind = BaseKind::Seasonal;
+        }
         self.iteration += 1;
     }
 
@@ -429,8 +434,9 @@ impl StepFeaturizer {
 
     /// Seasonal-naive forecast of the step `h >= 1` steps after the last closed one:
     /// the same phase of the previous iteration; past its end, the matching step of the
-    /// current iteration (the next iteration starts as this one did). Without a
-    /// previous iteration: the last closed step (last value). O(1).
+    /// current iteration (the next iteration starts as this one did); once the current
+    /// iteration is longer than the previous one, and without a previous iteration:
+    /// the last closed step (last value). O(1).
     pub fn seasonal(&self, h: usize) -> [u64; CHANNELS] {
         let Some(&last) = self.cur.last().or(self.prev.last()) else {
             return [0; CHANNELS];
@@ -444,6 +450,11 @@ impl StepFeaturizer {
         let len = self.prev.len();
         if q < len {
             self.prev[q]
+        } else if self.cur.len() > len {
+            // This iteration has outlived the previous one (dynamic lengths: generation):
+            // no phase to copy and no boundary to expect. Hold the last value rather
+            // than predict the next iteration's start (a prefill) mid-iteration.
+            last
         } else {
             let k = (q - len) % len;
             *self.cur.get(k).unwrap_or(&self.prev[k])

@@ -226,3 +226,45 @@ fn empty_trace_gives_no_steps() {
     };
     assert!(steps(&only_boundaries, StepConfig::default()).is_empty());
 }
+
+#[test]
+fn online_equals_offline_on_bundled_real_traces() {
+    // The converted real traces shipped in training-data/traces: feed every event to a
+    // fresh featurizer as the allocator would, compare with the offline series.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("traces");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).expect("bundled traces") {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("mctrace") {
+            continue;
+        }
+        let trace = crate::io::load_trace(&path).unwrap();
+        let offline = featurize(&trace, StepConfig::default(), 5);
+        let mut f = StepFeaturizer::new(StepConfig::default());
+        for b in &trace.static_blocks {
+            f.add_static(b.id, b.bytes);
+        }
+        let mut n = 0;
+        for e in &trace.events {
+            if let Some(s) = f.push(e) {
+                assert_eq!(s, offline[n].step, "{}: step {n}", path.display());
+                for h in 1..=5 {
+                    assert_eq!(f.base_forecast(h), offline[n].base[h - 1]);
+                }
+                n += 1;
+            }
+        }
+        if let Some(s) = f.finish() {
+            assert_eq!(s, offline[n].step);
+            n += 1;
+        }
+        assert_eq!(n, offline.len());
+        assert!(n > 100, "{}: only {n} steps", path.display());
+        checked += 1;
+    }
+    assert!(
+        checked >= 2,
+        "expected the bundled real traces in {}",
+        dir.display()
+    );
+}
