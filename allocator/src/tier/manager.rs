@@ -221,6 +221,7 @@ impl<B: DeviceBackend> TierManager<B> {
         self.reg.get_mut(h)?.key = key;
         self.prefetch.on_alloc(key, bytes);
         self.run_prefetcher()?;
+        self.debug_check();
         Ok(h)
     }
 
@@ -281,6 +282,7 @@ impl<B: DeviceBackend> TierManager<B> {
         self.stats.accesses += 1;
         self.prefetch.on_access(key);
         self.run_prefetcher()?;
+        self.debug_check();
         Ok(ptr)
     }
 
@@ -642,6 +644,15 @@ impl<B: DeviceBackend> TierManager<B> {
         }
         self.plan = plan;
         r
+    }
+
+    /// With the `check-invariants` feature: check after every public operation.
+    #[inline]
+    fn debug_check(&self) {
+        #[cfg(feature = "check-invariants")]
+        if let Err(e) = self.check_invariants() {
+            panic!("memcast tier invariant violated: {e}");
+        }
     }
 
     /// Device address of a tensor that is on the device now (no movement).

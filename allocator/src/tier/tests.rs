@@ -677,32 +677,3 @@ fn replay_table() {
         }
     }
 }
-
-#[test]
-#[ignore]
-fn diag() {
-    use memcast_trace::synth::{generate, Family, SynthConfig};
-    let env = |k: &str, d: f64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
-    let t = match std::env::var("T").as_deref() {
-        Ok("mlp") => generate(&SynthConfig::preset(Family::Mlp)).unwrap(),
-        Ok(name) => memcast_trace::bundled::get(name).unwrap().load().unwrap(),
-        _ => panic!(),
-    };
-    let mut opts = TierReplayOptions {
-        budget: Budget::Fraction(env("FR", 1.0)),
-        ..Default::default()
-    };
-    opts.alloc.growable_segments = env("GROW", 1.0) > 0.0;
-    opts.tier.high_watermark = env("HI", 0.9);
-    opts.tier.low_watermark = env("LO", 0.8);
-    opts.tier.prefetch_watermark = env("PW", 0.8);
-    let (b, _) = (0, 0);
-    let _ = b;
-    let r = replay_budgeted(&t, &opts).unwrap();
-    eprintln!("{}", serde_json::to_string_pretty(&r).unwrap());
-}
