@@ -571,6 +571,34 @@ fn synthetic_families_complete_at_60_percent_with_invariants() {
 }
 
 #[test]
+fn host_backend_replay_moves_real_bytes_to_completion() {
+    use memcast_trace::synth::{generate, SynthConfig};
+    // A small MLP (a few MB) so that real memory moves quickly.
+    let cfg = SynthConfig {
+        batch: 32,
+        width: 512,
+        in_features: 256,
+        classes: 10,
+        iterations: 3,
+        workspaces: vec![],
+        ..SynthConfig::mlp()
+    };
+    let t = generate(&cfg).unwrap();
+    let opts = TierReplayOptions {
+        budget: Budget::Fraction(0.6),
+        device: crate::replay::Device::Host,
+        check_every: 1,
+        ..Default::default()
+    };
+    let r = replay_budgeted(&t, &opts).unwrap();
+    assert!(r.completed, "{:?}", r.error);
+    assert!(
+        r.spilled_bytes > 0 && r.faults + r.prefetch_hits > 0,
+        "{r:?}"
+    );
+}
+
+#[test]
 fn budget_parses_fractions_percentages_and_bytes() {
     assert_eq!("0.6".parse::<Budget>().unwrap(), Budget::Fraction(0.6));
     assert_eq!("60%".parse::<Budget>().unwrap(), Budget::Fraction(0.6));
