@@ -47,6 +47,39 @@ bundled! {
     "gpt2_generate_dynamic", true;
 }
 
+/// What PyTorch's own allocator reported for the bundled real traces
+/// (`torch.cuda.memory_stats()` after the recorded iterations; JSON Lines with `name`,
+/// `allocator` = `pytorch-native` or `pytorch-expandable-segments`, `peak_allocated`,
+/// `peak_reserved`, `num_device_alloc`, `num_device_free`, `iters`): the figures to beat.
+pub const PYTORCH_FIGURES_JSONL: &str = include_str!("../traces/pytorch_allocator_figures.jsonl");
+
+/// One row of [`PYTORCH_FIGURES_JSONL`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct PytorchFigures {
+    pub name: String,
+    pub allocator: String,
+    pub peak_allocated: u64,
+    pub peak_reserved: u64,
+    pub num_device_alloc: u64,
+    pub num_device_free: u64,
+}
+
+impl PytorchFigures {
+    /// `peak_reserved / peak_allocated - 1`, PyTorch's reserved-memory overhead.
+    pub fn reserved_overhead(&self) -> f64 {
+        self.peak_reserved as f64 / self.peak_allocated as f64 - 1.0
+    }
+}
+
+/// PyTorch's figures for trace `name` with `allocator` (`pytorch-native` or
+/// `pytorch-expandable-segments`).
+pub fn pytorch_figures(name: &str, allocator: &str) -> Option<PytorchFigures> {
+    PYTORCH_FIGURES_JSONL
+        .lines()
+        .filter_map(|l| serde_json::from_str::<PytorchFigures>(l).ok())
+        .find(|f| f.name == name && f.allocator == allocator)
+}
+
 /// Finds a bundled trace by name.
 pub fn get(name: &str) -> Option<&'static Bundled> {
     ALL.iter().find(|b| b.name == name)
@@ -61,6 +94,10 @@ mod tests {
             t.validate().unwrap();
             assert_eq!(t.meta.name, b.name);
             assert!(t.iterations() >= 8, "{}", b.name);
+            for a in ["pytorch-native", "pytorch-expandable-segments"] {
+                let f = super::pytorch_figures(b.name, a).unwrap();
+                assert!(f.reserved_overhead() > 0.0 && f.reserved_overhead() < 0.25);
+            }
         }
     }
 }

@@ -29,7 +29,7 @@ fn independent() -> Vec<serde_json::Value> {
 }
 
 fn pytorch_peak_allocated(name: &str) -> u64 {
-    let f = std::fs::read_to_string(manifest().join("tests/data/pytorch_allocator_figures.jsonl"))
+    let f = std::fs::read_to_string(manifest().join("traces/pytorch_allocator_figures.jsonl"))
         .unwrap();
     f.lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
