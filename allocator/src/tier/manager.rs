@@ -661,6 +661,16 @@ impl<B: DeviceBackend> TierManager<B> {
     }
 }
 
+impl<B: DeviceBackend> TierManager<B> {
+    /// The registry as a prefetch policy sees it.
+    pub(crate) fn view(&self) -> impl PrefetchView + '_ {
+        View {
+            reg: &self.reg,
+            ordinals: &self.ordinals,
+        }
+    }
+}
+
 /// The registry as the prefetch policy sees it.
 struct View<'a> {
     reg: &'a Registry,

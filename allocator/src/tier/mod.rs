@@ -71,6 +71,9 @@ pub struct TierConfig {
     pub prefetch_window: usize,
     /// K of LRU-K.
     pub lru_k: usize,
+    /// Spill last the tensors the prefetch policy expects to be accessed soon (off by
+    /// default: mixed results, see docs/tiers.md).
+    pub protect_upcoming: bool,
 }
 
 impl Default for TierConfig {
@@ -83,6 +86,7 @@ impl Default for TierConfig {
             staging_bytes: 1 << 30,
             prefetch_window: 512,
             lru_k: 2,
+            protect_upcoming: false,
         }
     }
 }

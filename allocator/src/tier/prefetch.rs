@@ -48,6 +48,9 @@ pub trait PrefetchPolicy: Send {
     fn on_iteration(&mut self);
     /// Appends tensors to prefetch now, in order, at most `headroom` bytes in all.
     fn plan(&mut self, view: &dyn PrefetchView, headroom: u64, out: &mut Vec<TensorHandle>);
+    /// Device-resident tensors this policy expects to be accessed soon; the manager
+    /// spills them last. Default: none.
+    fn upcoming(&self, _view: &dyn PrefetchView, _out: &mut Vec<TensorHandle>) {}
     fn name(&self) -> &'static str;
 }
 
@@ -142,6 +145,18 @@ impl PrefetchPolicy for PreviousIterationOrder {
                         planned += bytes as i128;
                         out.push(h);
                     }
+                }
+            }
+        }
+    }
+
+    fn upcoming(&self, view: &dyn PrefetchView, out: &mut Vec<TensorHandle>) {
+        let n = self.prev.len();
+        let pos = self.cur.len();
+        for i in pos..(pos + self.window).min(n) {
+            if let Logged::Access(key) = self.prev[i] {
+                if let Some((h, Residency::Device, _)) = view.lookup(key) {
+                    out.push(h);
                 }
             }
         }

@@ -128,7 +128,17 @@ impl<B: DeviceBackend> TierManager<B> {
             return Ok(0);
         }
         let now = self.alloc.backend().now_us();
-        let order = self.spill.order(&cands, target, now, self.cost.as_ref());
+        let mut order = self.spill.order(&cands, target, now, self.cost.as_ref());
+        if self.cfg.protect_upcoming {
+            // Tensors the prefetch policy expects soon go last (stable: the spill
+            // policy's order holds within each group).
+            let mut soon = Vec::new();
+            self.prefetch.upcoming(&self.view(), &mut soon);
+            if !soon.is_empty() {
+                let soon: std::collections::HashSet<_> = soon.into_iter().collect();
+                order.sort_by_key(|&i| cands.get(i).is_some_and(|c| soon.contains(&c.handle)));
+            }
+        }
         let mut issued = 0;
         for i in order {
             if issued >= target {

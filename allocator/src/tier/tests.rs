@@ -668,11 +668,13 @@ fn replay_table() {
     for t in &traces {
         for f in [1.0, 0.8, 0.6, 0.4] {
             let run = |prefetch: bool| {
-                let opts = TierReplayOptions {
+                let mut opts = TierReplayOptions {
                     budget: Budget::Fraction(f),
                     prefetch,
                     ..Default::default()
                 };
+                // PROTECT=1: the experiment of docs/tiers.md (spill upcoming tensors last).
+                opts.tier.protect_upcoming = std::env::var("PROTECT").is_ok_and(|v| v == "1");
                 replay_budgeted(t, &opts).unwrap()
             };
             let r = run(true);
