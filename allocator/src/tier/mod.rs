@@ -41,6 +41,8 @@ pub mod staging;
 pub mod transfer;
 
 #[cfg(test)]
+mod deferred;
+#[cfg(test)]
 mod tests;
 
 use serde::{Deserialize, Serialize};
