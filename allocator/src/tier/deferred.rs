@@ -23,6 +23,8 @@ pub(crate) struct Deferred {
     /// Per event: (stream, copies queued on it when recorded).
     events: std::collections::HashMap<u32, (u32, u64)>,
     rng: u64,
+    /// Host buffers allocated and not yet freed.
+    pub(crate) host_buffers: u64,
 }
 
 fn addr(m: MemRef) -> u64 {
@@ -39,6 +41,7 @@ impl Deferred {
             queues: vec![(Vec::new(), 0)],
             events: Default::default(),
             rng: seed | 1,
+            host_buffers: 0,
         }
     }
     fn coin(&mut self) -> bool {
@@ -162,7 +165,14 @@ impl DeferredView<'_> {
     }
     fn deallocate_host(&mut self, p: HostPtr, bytes: u64) -> Result<(), BackendError> {
         self.0.check_idle("host free", p.0, bytes, true);
-        self.0.inner.deallocate_host(p, bytes)
+        self.0.inner.deallocate_host(p, bytes)?;
+        self.0.host_buffers -= 1;
+        Ok(())
+    }
+    fn allocate_host(&mut self, bytes: u64, pinned: bool) -> Result<HostPtr, BackendError> {
+        let p = self.0.inner.allocate_host(bytes, pinned)?;
+        self.0.host_buffers += 1;
+        Ok(p)
     }
     fn deallocate(&mut self, p: DevicePtr, bytes: u64, s: StreamId) -> Result<(), BackendError> {
         self.0.check_idle("device free", p.0, bytes, true);

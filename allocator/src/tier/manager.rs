@@ -330,6 +330,19 @@ impl<B: DeviceBackend> TierManager<B> {
         Ok(())
     }
 
+    /// Waits for every transfer, frees every tensor, gives the pinned pool back and
+    /// returns the allocator (whose segments the caller may then release).
+    pub fn shutdown(mut self) -> Result<Allocator<B>, TierError> {
+        self.synchronize()?;
+        let live: Vec<TensorHandle> = self.reg.iter().map(|(h, _)| h).collect();
+        for h in live {
+            self.free(h)?;
+        }
+        self.synchronize()?;
+        self.staging.destroy(self.alloc.backend_mut())?;
+        Ok(self.alloc)
+    }
+
     /// Ends the current step: its tensors are no longer pinned.
     pub fn end_step(&mut self) {
         self.step += 1;
