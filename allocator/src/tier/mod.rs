@@ -86,7 +86,7 @@ impl Default for TierConfig {
             low_watermark: 0.80,
             prefetch_watermark: 0.80,
             staging_bytes: 1 << 30,
-            prefetch_window: 512,
+            prefetch_window: 2048,
             lru_k: 2,
             protect_upcoming: false,
         }

@@ -482,6 +482,9 @@ fn replay_table() {
                 };
                 // PROTECT=1: the experiment of docs/tiers.md (spill upcoming tensors last).
                 opts.tier.protect_upcoming = std::env::var("PROTECT").is_ok_and(|v| v == "1");
+                if let Some(w) = std::env::var("WINDOW").ok().and_then(|v| v.parse().ok()) {
+                    opts.tier.prefetch_window = w;
+                }
                 replay_budgeted(t, &opts).unwrap()
             };
             let r = run(true);
