@@ -1,7 +1,7 @@
 //! `memcast eval`: the LSTM against last value, moving average and seasonal naive on
 //! the same steps of each trace.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use memcast_predictor::artifact;
@@ -22,7 +22,7 @@ pub struct EvalArgs {
 }
 
 /// Evaluates the model at `model` (default model if `None`) on one trace.
-pub fn eval_one(model: &Option<PathBuf>, trace: &PathBuf) -> Result<EvalReport> {
+pub fn eval_one(model: &Option<PathBuf>, trace: &Path) -> Result<EvalReport> {
     let dir = model.clone().unwrap_or_else(artifact::default_model_dir);
     let mut m =
         artifact::load_model(&dir).with_context(|| format!("loading model {}", dir.display()))?;
