@@ -1,1 +1,37 @@
-//! placeholder
+//! `memcast-alloc`: a GPU memory allocator for deep learning, and the tools to compare
+//! it with PyTorch's.
+//!
+//! - [`backend`]: the [`DeviceBackend`] trait (segments, copies,
+//!   streams, events, time) with the `host` and `sim` backends and composable adaptors;
+//! - [`buddy`]: segments as buddy trees (power-of-two blocks as index-linked nodes, runs
+//!   of blocks for non-power-of-two requests), or as extents and runs for large segments;
+//! - [`extents`]: the placement index (best fit over coalesced free extents, TLSF bins);
+//! - [`slab`]: size classes and slabs for small objects;
+//! - [`pool`] + `maint`: the [`Allocator`] (per-stream pools, caches, growth, release);
+//! - [`policy`]: the decisions a forecaster can take over (growth, release, advice);
+//! - [`stats`]: what it counts; [`config`]: its knobs and `MEMCAST_ALLOC_CONF`;
+//! - [`shared`]: a thread-safe wrapper;
+//! - [`replay`]: trace replay through `memcast`, a PyTorch emulation, and `naive`.
+//!
+//! See docs/allocator.md for the design, the measurements and how to reproduce them.
+
+pub mod backend;
+pub mod buddy;
+pub mod config;
+pub mod error;
+pub mod extents;
+mod maint;
+pub mod policy;
+pub mod pool;
+pub mod replay;
+pub mod shared;
+pub mod slab;
+pub mod stats;
+pub mod tier;
+
+pub use backend::{DeviceBackend, DevicePtr, StreamId};
+pub use config::AllocConfig;
+pub use error::AllocError;
+pub use pool::{Allocation, Allocator};
+pub use shared::SharedAllocator;
+pub use stats::AllocStats;

@@ -1,0 +1,231 @@
+//! `alloc_free`: time per alloc+free pair of memcast and two peer allocators on the same
+//! workloads, in the same run (criterion group `alloc_free`, one function per
+//! allocator: `memcast`, `offset-allocator`, `buddy_system_allocator`).
+//!
+//! One iteration = the same two programs for every allocator:
+//! - `mixed`: 20,000 steps over 1,024 slots; each step frees the slot's block (if any)
+//!   and allocates a new one; sizes log-uniform, 60% in 256 B..64 KiB, 30% in
+//!   64 KiB..1 MiB, 10% in 1..16 MiB (xorshift, fixed seed);
+//! - `trace`: the allocation/free sequence of the real `resnet50_b64_train` trace
+//!   (5,488 pairs plus its 484 static blocks, allocated once).
+//!
+//! The peers manage offsets in 256-byte units (their granularity); memcast gets bytes
+//! and runs on the `sim` backend (device calls are free in wall time there, and warm-up
+//! makes them rare). Throughput is reported per alloc+free pair.
+//!
+//! A second group, `lock`, measures what the `SharedAllocator` mutex costs per pair.
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use memcast_alloc::backend::sim::SimBackend;
+use memcast_alloc::{AllocConfig, Allocation, Allocator, SharedAllocator};
+use memcast_trace::EventKind;
+
+const SLOTS: usize = 1024;
+const STEPS: usize = 20_000;
+const UNIT: u64 = 256;
+
+/// One program: a list of (slot, bytes); the slot's old block is freed first.
+struct Program {
+    mixed: Vec<(u32, u64)>,
+    /// Trace ops: Some(bytes) = alloc into slot, None = free slot.
+    trace: Vec<(u32, Option<u64>)>,
+    trace_slots: usize,
+    pairs: u64,
+}
+
+fn program() -> Program {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut mixed = Vec::with_capacity(STEPS);
+    for _ in 0..STEPS {
+        let slot = (rnd() % SLOTS as u64) as u32;
+        let r = rnd() % 100;
+        let (lo, hi): (f64, f64) = if r < 60 {
+            (8.0, 16.0)
+        } else if r < 90 {
+            (16.0, 20.0)
+        } else {
+            (20.0, 24.0)
+        };
+        let e = lo + (hi - lo) * ((rnd() % 1_000_000) as f64 / 1e6);
+        mixed.push((slot, 2f64.powf(e) as u64));
+    }
+    let t = memcast_trace::bundled::get("resnet50_b64_train")
+        .expect("bundled trace")
+        .load()
+        .expect("decodes");
+    let mut slot_of = std::collections::HashMap::new();
+    let mut free_slots: Vec<u32> = Vec::new();
+    let mut next = 0u32;
+    let mut trace = Vec::new();
+    for e in &t.events {
+        match e.kind {
+            EventKind::Alloc { id, bytes, .. } => {
+                let s = free_slots.pop().unwrap_or_else(|| {
+                    next += 1;
+                    next - 1
+                });
+                slot_of.insert(id, s);
+                trace.push((s, Some(bytes)));
+            }
+            EventKind::Free { id } => {
+                let s = slot_of.remove(&id).expect("live");
+                trace.push((s, None));
+                free_slots.push(s);
+            }
+            _ => {}
+        }
+    }
+    let pairs = STEPS as u64 + trace.iter().filter(|(_, b)| b.is_some()).count() as u64;
+    Program {
+        mixed,
+        trace,
+        trace_slots: next as usize,
+        pairs,
+    }
+}
+
+/// The interface the three allocators are driven through.
+trait Under {
+    type H: Copy;
+    fn alloc(&mut self, bytes: u64) -> Self::H;
+    fn free(&mut self, h: Self::H);
+}
+
+struct Memcast(Allocator<SimBackend>);
+impl Under for Memcast {
+    type H = Allocation;
+    #[inline]
+    fn alloc(&mut self, bytes: u64) -> Allocation {
+        self.0.allocate(bytes, 0).expect("memcast alloc")
+    }
+    #[inline]
+    fn free(&mut self, h: Allocation) {
+        self.0.deallocate(h, 0).expect("memcast free")
+    }
+}
+
+struct Shared(SharedAllocator<SimBackend>);
+impl Under for Shared {
+    type H = Allocation;
+    #[inline]
+    fn alloc(&mut self, bytes: u64) -> Allocation {
+        self.0.allocate(bytes, 0).expect("shared alloc")
+    }
+    #[inline]
+    fn free(&mut self, h: Allocation) {
+        self.0.deallocate(h, 0).expect("shared free")
+    }
+}
+
+struct Offset(offset_allocator::Allocator);
+impl Under for Offset {
+    type H = offset_allocator::Allocation;
+    #[inline]
+    fn alloc(&mut self, bytes: u64) -> Self::H {
+        self.0
+            .allocate(bytes.div_ceil(UNIT) as u32)
+            .expect("offset-allocator alloc")
+    }
+    #[inline]
+    fn free(&mut self, h: Self::H) {
+        self.0.free(h)
+    }
+}
+
+struct Buddy(buddy_system_allocator::FrameAllocator<40>);
+impl Under for Buddy {
+    type H = (usize, usize);
+    #[inline]
+    fn alloc(&mut self, bytes: u64) -> (usize, usize) {
+        let n = bytes.div_ceil(UNIT) as usize;
+        (self.0.alloc(n).expect("buddy alloc"), n)
+    }
+    #[inline]
+    fn free(&mut self, h: (usize, usize)) {
+        self.0.dealloc(h.0, h.1)
+    }
+}
+
+/// Runs both programs once; every block is freed at the end.
+fn run<U: Under>(u: &mut U, p: &Program, mixed: &mut [Option<U::H>], trace: &mut [Option<U::H>]) {
+    for &(slot, bytes) in &p.mixed {
+        if let Some(h) = mixed[slot as usize].take() {
+            u.free(h);
+        }
+        mixed[slot as usize] = Some(u.alloc(bytes));
+    }
+    for h in mixed.iter_mut() {
+        if let Some(h) = h.take() {
+            u.free(h);
+        }
+    }
+    for &(slot, op) in &p.trace {
+        match op {
+            Some(bytes) => trace[slot as usize] = Some(u.alloc(bytes)),
+            None => u.free(trace[slot as usize].take().expect("live")),
+        }
+    }
+}
+
+fn bench_one<U: Under>(
+    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    mut u: U,
+    p: &Program,
+) {
+    let mut mixed: Vec<Option<U::H>> = (0..SLOTS).map(|_| None).collect();
+    let mut trace: Vec<Option<U::H>> = (0..p.trace_slots).map(|_| None).collect();
+    run(&mut u, p, &mut mixed, &mut trace); // warm-up: segments exist afterwards
+    c.bench_function(name, |b| b.iter(|| run(&mut u, p, &mut mixed, &mut trace)));
+}
+
+fn memcast() -> Allocator<SimBackend> {
+    Allocator::new(
+        SimBackend::h200(),
+        AllocConfig::from_env().expect("MEMCAST_ALLOC_CONF"),
+    )
+    .expect("allocator")
+}
+
+fn alloc_free(c: &mut Criterion) {
+    let p = program();
+    let mut g = c.benchmark_group("alloc_free");
+    g.throughput(Throughput::Elements(p.pairs));
+    g.sample_size(20);
+    bench_one(&mut g, "memcast", Memcast(memcast()), &p);
+    // 64 Gi units of 256 B do not fit u32: 16 GiB is plenty for these programs.
+    bench_one(
+        &mut g,
+        "offset-allocator",
+        Offset(offset_allocator::Allocator::new(
+            (16u64 << 30).div_ceil(UNIT) as u32,
+        )),
+        &p,
+    );
+    let mut fa = buddy_system_allocator::FrameAllocator::<40>::new();
+    fa.add_frame(0, ((16u64 << 30) / UNIT) as usize);
+    bench_one(&mut g, "buddy_system_allocator", Buddy(fa), &p);
+    g.finish();
+
+    let mut g = c.benchmark_group("lock");
+    g.throughput(Throughput::Elements(p.pairs));
+    g.sample_size(20);
+    bench_one(&mut g, "unlocked", Memcast(memcast()), &p);
+    bench_one(
+        &mut g,
+        "shared_mutex",
+        Shared(SharedAllocator::new(memcast())),
+        &p,
+    );
+    g.finish();
+    let _ = BatchSize::SmallInput;
+}
+
+criterion_group!(benches, alloc_free);
+criterion_main!(benches);

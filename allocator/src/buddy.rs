@@ -1,0 +1,854 @@
+//! The buddy mechanism: power-of-two blocks inside segments, as index-linked nodes.
+//!
+//! A segment of `mapped` bytes (any multiple of the minimum block) is the root of one
+//! buddy tree of order `ceil(log2(va_size))`. Its address space decomposes into aligned
+//! power-of-two blocks; the part beyond `mapped` is held by `Unmapped` nodes that never
+//! merge, so a segment of 10 MiB is the trees `[0, 8) + [8, 10)` and a growable segment
+//! grows by turning `Unmapped` nodes into `Free` ones.
+//!
+//! An allocation is a *run*: any range `[off, off + len)` aligned to the minimum block,
+//! stored as its canonical decomposition into aligned blocks (greedy largest-first), so a
+//! 10 MiB request occupies an 8 MiB and a 2 MiB block and pins nothing else: the unused
+//! tail of a power-of-two block stays free as smaller buddies (internal waste < one
+//! minimum block per allocation). Freeing a run frees its blocks, each merging with its
+//! buddy while the buddy is free.
+//!
+//! Invariants (checked by [`BuddyPool::check`]):
+//! - `free_bytes == sum of the sizes of Free nodes`, and every Free node is on the free
+//!   list of its order (and only Free nodes are);
+//! - two Free siblings never coexist (they are always merged into their parent);
+//! - a Split node has exactly two children covering its two halves;
+//! - per segment: `free + used + unmapped == 2^order` and `free + used == mapped`.
+//!
+//! Costs: finding a block is O(1) (a bitmask of non-empty orders, then a list head);
+//! carving or freeing a run is O(pieces x depth) with pieces <= 2 log2(len / min_block)
+//! and depth <= log2(va_size / min_block); nodes are recycled through a free list.
+
+use crate::extents::Extents;
+use crate::pool::FxMap;
+
+pub const NIL: u32 = u32::MAX;
+
+/// What a node is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Available; on the free list of its order.
+    Free,
+    /// Split into two children (`child`, `child + 1`).
+    Split,
+    /// Part of a live run (an allocation, a slab, or a run held in a cache).
+    Used,
+    /// Address space beyond the mapped size of the segment.
+    Unmapped,
+    /// In the node pool, unused.
+    Dead,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    offset: u64,
+    parent: u32,
+    child: u32,
+    prev: u32,
+    next: u32,
+    /// For Used nodes: who owns the run (an opaque tag of the caller).
+    owner: u32,
+    seg: u32,
+    order: u8,
+    state: State,
+}
+
+/// One segment's tree.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub base: u64,
+    /// Mapped (usable) bytes: the device segment's size, or the growable prefix.
+    pub mapped: u64,
+    pub root: u32,
+    pub order: u8,
+    /// Bytes of the segment in Used nodes.
+    pub used: u64,
+    pub growable: bool,
+    /// Holds small-object slabs (placed apart from large runs, as PyTorch's small pool).
+    pub small: bool,
+    /// Blocks kept as a buddy tree (small segments, and every segment under buddy
+    /// placement); otherwise only free extents and used runs are kept (see module docs).
+    pub tree: bool,
+    /// False once removed (the slot is reused by later segments).
+    pub live: bool,
+}
+
+/// Free lists and trees of one pool (one stream's memory).
+#[derive(Debug, Clone)]
+pub struct BuddyPool {
+    min_order: u8,
+    nodes: Vec<Node>,
+    /// Even indices of dead node pairs.
+    free_pairs: Vec<u32>,
+    heads: [u32; 64],
+    /// Bit o set iff the free list of order o is non-empty.
+    nonempty: u64,
+    free_bytes: u64,
+    pub segs: Vec<Segment>,
+    free_segs: Vec<u32>,
+    /// Maximal free extents (coalesced across buddy boundaries): the placement index.
+    ext: Extents,
+    /// Place runs best-fit over free extents (true) or by buddy order (false).
+    best_fit: bool,
+    /// Used runs of segments without a tree: (segment, offset) -> (length, owner).
+    runs: FxMap<(u32, u64), (u64, u32)>,
+}
+
+/// `[off, off + len)` split into aligned power-of-two pieces, largest first.
+#[derive(Clone, Copy)]
+pub struct Pieces {
+    off: u64,
+    end: u64,
+}
+
+impl Iterator for Pieces {
+    type Item = (u64, u8);
+    #[inline]
+    fn next(&mut self) -> Option<(u64, u8)> {
+        if self.off >= self.end {
+            return None;
+        }
+        let align = if self.off == 0 {
+            63
+        } else {
+            self.off.trailing_zeros() as u8
+        };
+        let fit = 63 - (self.end - self.off).leading_zeros() as u8;
+        let o = align.min(fit);
+        let piece = (self.off, o);
+        self.off += 1u64 << o;
+        Some(piece)
+    }
+}
+
+pub fn pieces(off: u64, len: u64) -> Pieces {
+    Pieces {
+        off,
+        end: off + len,
+    }
+}
+
+impl BuddyPool {
+    pub fn new(min_block: u64) -> Self {
+        assert!(min_block.is_power_of_two());
+        BuddyPool {
+            min_order: min_block.trailing_zeros() as u8,
+            nodes: Vec::new(),
+            free_pairs: Vec::new(),
+            heads: [NIL; 64],
+            nonempty: 0,
+            free_bytes: 0,
+            segs: Vec::new(),
+            free_segs: Vec::new(),
+            ext: Extents::default(),
+            best_fit: true,
+            runs: FxMap::default(),
+        }
+    }
+
+    /// Chooses placement: best fit over coalesced free extents (default) or the classic
+    /// buddy choice (smallest free block of a sufficient order).
+    pub fn set_best_fit(&mut self, on: bool) {
+        self.best_fit = on;
+    }
+
+    // ----- free extents (placement index) -----
+
+    fn ext_insert(&mut self, seg: u32, off: u64, len: u64) {
+        let small = self.segs[seg as usize].small;
+        self.ext.insert(small, seg, off, len);
+    }
+
+    fn ext_remove(&mut self, seg: u32, off: u64, _len: u64) {
+        let l = self.ext.remove(seg, off);
+        debug_assert_eq!(l, Some(_len));
+    }
+
+    /// `[off, off + len)` of `seg` became free: merge it with the adjacent extents.
+    fn ext_add_free(&mut self, seg: u32, mut off: u64, mut len: u64) {
+        if let Some(o) = self.ext.start_ending_at(seg, off) {
+            let l = off - o;
+            self.ext_remove(seg, o, l);
+            off = o;
+            len += l;
+        }
+        if let Some(l) = self.ext.get(seg, off + len) {
+            self.ext_remove(seg, off + len, l);
+            len += l;
+        }
+        self.ext_insert(seg, off, len);
+    }
+
+    /// The free extent `(start, len)` of `seg` holding `[off, off + len)`. O(1) when the
+    /// range starts or ends an extent (best-fit placement, growth, trimming always do);
+    /// otherwise (buddy placement, checks) a scan.
+    fn ext_containing(&self, seg: u32, off: u64, len: u64) -> Option<(u64, u64)> {
+        if let Some(l) = self.ext.get(seg, off) {
+            return (len <= l).then_some((off, l));
+        }
+        if let Some(o) = self.ext.start_ending_at(seg, off + len) {
+            return (o <= off).then_some((o, off + len - o));
+        }
+        self.ext
+            .iter()
+            .find(|&(_, s, o, l)| s == seg && o <= off && off + len <= o + l)
+            .map(|(_, _, o, l)| (o, l))
+    }
+
+    /// `[off, off + len)` of `seg` (inside one free extent) is taken.
+    fn ext_take(&mut self, seg: u32, off: u64, len: u64) {
+        let (o, l) = self
+            .ext_containing(seg, off, len)
+            .expect("taken range lies in a free extent");
+        self.ext_remove(seg, o, l);
+        if off > o {
+            self.ext_insert(seg, o, off - o);
+        }
+        if o + l > off + len {
+            self.ext_insert(seg, off + len, o + l - off - len);
+        }
+    }
+
+    pub fn free_bytes(&self) -> u64 {
+        self.free_bytes
+    }
+
+    /// Size of the largest free block (0 if none).
+    pub fn largest_free_block(&self) -> u64 {
+        if self.best_fit {
+            // The largest free extent of either kind (what a request can get).
+            return self.ext.largest();
+        }
+        if self.nonempty == 0 {
+            0
+        } else {
+            1u64 << (63 - self.nonempty.leading_zeros())
+        }
+    }
+
+    pub fn live_segments(&self) -> impl Iterator<Item = (u32, &Segment)> {
+        self.segs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.live)
+            .map(|(i, s)| (i as u32, s))
+    }
+
+    // ----- node pool and free lists -----
+
+    fn new_node(&mut self, n: Node) -> u32 {
+        // Roots take a whole pair (keeps sibling = index ^ 1 valid for children).
+        let i = self.alloc_pair();
+        self.nodes[i as usize] = n;
+        i
+    }
+
+    fn alloc_pair(&mut self) -> u32 {
+        if let Some(i) = self.free_pairs.pop() {
+            return i;
+        }
+        let i = self.nodes.len() as u32;
+        let dead = Node {
+            offset: 0,
+            parent: NIL,
+            child: NIL,
+            prev: NIL,
+            next: NIL,
+            owner: NIL,
+            seg: NIL,
+            order: 0,
+            state: State::Dead,
+        };
+        self.nodes.push(dead);
+        self.nodes.push(dead);
+        i
+    }
+
+    fn release_pair(&mut self, i: u32) {
+        self.nodes[i as usize].state = State::Dead;
+        self.nodes[i as usize + 1].state = State::Dead;
+        self.free_pairs.push(i);
+    }
+
+    #[inline]
+    fn push_free(&mut self, i: u32) {
+        let o = self.nodes[i as usize].order as usize;
+        let h = self.heads[o];
+        {
+            let n = &mut self.nodes[i as usize];
+            n.state = State::Free;
+            n.prev = NIL;
+            n.next = h;
+        }
+        if h != NIL {
+            self.nodes[h as usize].prev = i;
+        }
+        self.heads[o] = i;
+        self.nonempty |= 1 << o;
+        self.free_bytes += 1u64 << o;
+    }
+
+    #[inline]
+    fn unlink_free(&mut self, i: u32) {
+        let Node {
+            prev, next, order, ..
+        } = self.nodes[i as usize];
+        if prev != NIL {
+            self.nodes[prev as usize].next = next;
+        } else {
+            self.heads[order as usize] = next;
+            if next == NIL {
+                self.nonempty &= !(1 << order);
+            }
+        }
+        if next != NIL {
+            self.nodes[next as usize].prev = prev;
+        }
+        self.free_bytes -= 1u64 << order;
+    }
+
+    /// Splits node `i` (state `st`, not on a free list) into two children of state
+    /// `st`; Free children are put on their free list. Returns the left child.
+    fn split(&mut self, i: u32, st: State) -> u32 {
+        let c = self.alloc_pair();
+        let Node {
+            offset, order, seg, ..
+        } = self.nodes[i as usize];
+        debug_assert!(order > self.min_order);
+        let half = 1u64 << (order - 1);
+        for (k, off) in [(0u32, offset), (1, offset + half)] {
+            self.nodes[(c + k) as usize] = Node {
+                offset: off,
+                parent: i,
+                child: NIL,
+                prev: NIL,
+                next: NIL,
+                owner: NIL,
+                seg,
+                order: order - 1,
+                state: st,
+            };
+        }
+        let n = &mut self.nodes[i as usize];
+        n.state = State::Split;
+        n.child = c;
+        if st == State::Free {
+            self.push_free(c);
+            self.push_free(c + 1);
+        }
+        c
+    }
+
+    /// The deepest node of segment `seg` containing `off` (not Split).
+    #[inline]
+    fn locate(&self, seg: u32, off: u64) -> u32 {
+        let mut i = self.segs[seg as usize].root;
+        loop {
+            let n = &self.nodes[i as usize];
+            if n.state != State::Split {
+                return i;
+            }
+            let half = 1u64 << (n.order - 1);
+            i = n.child + ((off - n.offset) >= half) as u32;
+        }
+    }
+
+    /// Sets every piece of `[off, off + len)` of segment `seg` from state `from` to
+    /// `to` (splitting larger `from` nodes as needed). The range must be in `from`
+    /// state; Free targets are merged. `owner` tags Used pieces.
+    fn set_range(&mut self, seg: u32, off: u64, len: u64, from: State, to: State, owner: u32) {
+        if len == 0 {
+            return;
+        }
+        let root = self.segs[seg as usize].root;
+        self.set_rec(root, off, off + len, from, to, owner);
+    }
+
+    /// One descent over the nodes intersecting `[a, b)`: O(depth + pieces) visits. A
+    /// node wholly inside the range and in state `from` changes as a whole (so the
+    /// nodes touched are exactly the canonical pieces); a partly covered one is split.
+    /// Free siblings are merged on the way back up.
+    fn set_rec(&mut self, i: u32, a: u64, b: u64, from: State, to: State, owner: u32) {
+        let Node {
+            offset: o,
+            order,
+            state,
+            ..
+        } = self.nodes[i as usize];
+        let size = 1u64 << order;
+        if a <= o && o + size <= b && state == from {
+            if from == State::Free {
+                self.unlink_free(i);
+            }
+            if to == State::Free {
+                self.push_free(i);
+            } else {
+                let n = &mut self.nodes[i as usize];
+                n.state = to;
+                n.owner = owner;
+            }
+            return;
+        }
+        if state != State::Split {
+            debug_assert_eq!(state, from, "set_range over a node in the wrong state");
+            if from == State::Free {
+                self.unlink_free(i);
+            }
+            self.split(i, from);
+        }
+        let c = self.nodes[i as usize].child;
+        let mid = o + size / 2;
+        if a < mid {
+            self.set_rec(c, a, b, from, to, owner);
+        }
+        if b > mid {
+            self.set_rec(c + 1, a, b, from, to, owner);
+        }
+        if to == State::Free
+            && self.nodes[c as usize].state == State::Free
+            && self.nodes[c as usize + 1].state == State::Free
+        {
+            self.unlink_free(c);
+            self.unlink_free(c + 1);
+            self.release_pair(c);
+            self.push_free(i);
+        }
+    }
+
+    /// True iff `[off, off + len)` of segment `seg` is entirely Free.
+    pub fn is_free_range(&self, seg: u32, off: u64, len: u64) -> bool {
+        let s = &self.segs[seg as usize];
+        if off + len > s.mapped {
+            return false;
+        }
+        if !s.tree {
+            return self.ext_containing(seg, off, len).is_some();
+        }
+        let mut cur = off;
+        let end = off + len;
+        while cur < end {
+            let i = self.locate(seg, cur);
+            let n = &self.nodes[i as usize];
+            if n.state != State::Free {
+                return false;
+            }
+            cur = n.offset + (1u64 << n.order);
+        }
+        true
+    }
+
+    // ----- segments -----
+
+    /// Adds a segment of `mapped` bytes at `base` whose tree spans `va` bytes (a power
+    /// of two >= mapped; larger for a growable segment). All mapped bytes start Free.
+    pub fn add_segment(
+        &mut self,
+        base: u64,
+        mapped: u64,
+        va: u64,
+        growable: bool,
+        small: bool,
+    ) -> u32 {
+        debug_assert!(va.is_power_of_two() && va >= mapped);
+        let order = va.trailing_zeros() as u8;
+        let tree = small || !self.best_fit;
+        let seg = self.free_segs.pop().unwrap_or_else(|| {
+            self.segs.push(Segment {
+                base: 0,
+                mapped: 0,
+                root: NIL,
+                order: 0,
+                used: 0,
+                growable: false,
+                small: false,
+                tree: false,
+                live: false,
+            });
+            (self.segs.len() - 1) as u32
+        });
+        let root = if !tree {
+            NIL
+        } else {
+            self.new_node(Node {
+                offset: 0,
+                parent: NIL,
+                child: NIL,
+                prev: NIL,
+                next: NIL,
+                owner: NIL,
+                seg,
+                order,
+                state: State::Unmapped,
+            })
+        };
+        self.segs[seg as usize] = Segment {
+            base,
+            mapped: 0,
+            root,
+            order,
+            used: 0,
+            growable,
+            small,
+            tree,
+            live: true,
+        };
+        if mapped > 0 {
+            self.map_more(seg, mapped);
+        }
+        seg
+    }
+
+    /// Extends segment `seg`'s mapped prefix by `add` bytes (now Free).
+    pub fn map_more(&mut self, seg: u32, add: u64) {
+        let s = &self.segs[seg as usize];
+        let (start, order) = (s.mapped, s.order);
+        assert!(
+            start + add <= 1u64 << order,
+            "growth beyond the segment's range"
+        );
+        if self.segs[seg as usize].tree {
+            self.set_range(seg, start, add, State::Unmapped, State::Free, NIL);
+        } else {
+            self.free_bytes += add;
+        }
+        self.ext_add_free(seg, start, add);
+        self.segs[seg as usize].mapped += add;
+    }
+
+    /// Unmaps the last `release` bytes of `seg` (they must be Free).
+    pub fn unmap_tail(&mut self, seg: u32, release: u64) {
+        let m = self.segs[seg as usize].mapped;
+        debug_assert!(self.is_free_range(seg, m - release, release));
+        self.ext_take(seg, m - release, release);
+        if self.segs[seg as usize].tree {
+            self.set_range(seg, m - release, release, State::Free, State::Unmapped, NIL);
+        } else {
+            self.free_bytes -= release;
+        }
+        self.segs[seg as usize].mapped -= release;
+    }
+
+    /// Bytes of free space at the end of the mapped prefix of `seg`. O(log extents).
+    pub fn trailing_free(&self, seg: u32) -> u64 {
+        let m = self.segs[seg as usize].mapped;
+        if m == 0 {
+            return 0;
+        }
+        self.ext.start_ending_at(seg, m).map_or(0, |o| m - o)
+    }
+
+    /// Removes an entirely free segment; returns (base, mapped).
+    pub fn remove_segment(&mut self, seg: u32) -> (u64, u64) {
+        let s = self.segs[seg as usize].clone();
+        assert!(s.live && s.used == 0, "removing a segment in use");
+        if !s.tree {
+            if s.mapped > 0 {
+                self.ext_remove(seg, 0, s.mapped);
+                self.free_bytes -= s.mapped;
+            }
+            self.segs[seg as usize].live = false;
+            self.free_segs.push(seg);
+            return (s.base, s.mapped);
+        }
+        let mut stack = vec![s.root];
+        let mut pairs = Vec::new();
+        while let Some(i) = stack.pop() {
+            let n = self.nodes[i as usize];
+            match n.state {
+                State::Split => {
+                    stack.push(n.child);
+                    stack.push(n.child + 1);
+                    pairs.push(n.child);
+                }
+                State::Free => self.unlink_free(i),
+                State::Unmapped => {}
+                State::Used | State::Dead => unreachable!("segment not empty"),
+            }
+        }
+        for c in pairs {
+            self.release_pair(c);
+        }
+        if s.mapped > 0 {
+            self.ext_remove(seg, 0, s.mapped);
+        }
+        self.release_pair(s.root);
+        self.segs[seg as usize].live = false;
+        self.free_segs.push(seg);
+        (s.base, s.mapped)
+    }
+
+    // ----- runs -----
+
+    /// Finds room for a run of `len` bytes (a multiple of the minimum block): first a
+    /// bounded best-fit scan of the `scan` newest free blocks of order floor(log2 len)
+    /// for one followed by enough free space (a run straddling two buddies, no larger
+    /// block split), then the smallest free block of order >= ceil(log2 len).
+    /// Returns `(segment, offset)`.
+    pub fn find_run(&self, len: u64, scan: u32, small: bool) -> Option<(u32, u64)> {
+        if self.best_fit {
+            // Smallest free extent that fits in segments of the right kind; lowest
+            // segment and offset among equals.
+            return self.ext.best_fit(small, len);
+        }
+        let f = 63 - len.leading_zeros() as u8;
+        let exact = len.is_power_of_two();
+        let k = if exact { f } else { f + 1 };
+        if !exact && scan > 0 {
+            let rest = len - (1u64 << f);
+            let mut i = self.heads[f as usize];
+            let mut tried = 0;
+            while i != NIL && tried < scan {
+                let n = &self.nodes[i as usize];
+                if self.is_free_range(n.seg, n.offset + (1u64 << f), rest) {
+                    return Some((n.seg, n.offset));
+                }
+                i = n.next;
+                tried += 1;
+            }
+        }
+        let avail = self.nonempty & !((1u64 << k) - 1);
+        if avail == 0 {
+            return None;
+        }
+        let o = avail.trailing_zeros();
+        let i = self.heads[o as usize];
+        let n = &self.nodes[i as usize];
+        Some((n.seg, n.offset))
+    }
+
+    /// Marks the free range `[off, off + len)` of `seg` as a Used run tagged `owner`.
+    pub fn carve(&mut self, seg: u32, off: u64, len: u64, owner: u32) {
+        self.ext_take(seg, off, len);
+        if self.segs[seg as usize].tree {
+            self.set_range(seg, off, len, State::Free, State::Used, owner);
+        } else {
+            self.free_bytes -= len;
+            self.runs.insert((seg, off), (len, owner));
+        }
+        self.segs[seg as usize].used += len;
+    }
+
+    /// Frees the Used run `[off, off + len)` of `seg` (exactly as carved).
+    pub fn free_run(&mut self, seg: u32, off: u64, len: u64) {
+        self.ext_add_free(seg, off, len);
+        if self.segs[seg as usize].tree {
+            self.set_range(seg, off, len, State::Used, State::Free, NIL);
+        } else {
+            self.free_bytes += len;
+            let r = self.runs.remove(&(seg, off));
+            debug_assert_eq!(r.map(|r| r.0), Some(len), "freeing a run that is not one");
+        }
+        self.segs[seg as usize].used -= len;
+    }
+
+    /// Re-tags a Used run with a new owner.
+    pub fn retag(&mut self, seg: u32, off: u64, len: u64, owner: u32) {
+        if !self.segs[seg as usize].tree {
+            if let Some(r) = self.runs.get_mut(&(seg, off)) {
+                r.1 = owner;
+            }
+            return;
+        }
+        for (poff, _) in pieces(off, len) {
+            let i = self.locate(seg, poff);
+            debug_assert_eq!(self.nodes[i as usize].state, State::Used);
+            self.nodes[i as usize].owner = owner;
+        }
+    }
+
+    /// The owner tag of the Used node holding segment offset `off`, if any.
+    pub fn owner_at(&self, seg: u32, off: u64) -> Option<u32> {
+        if off >= self.segs[seg as usize].mapped {
+            return None;
+        }
+        if !self.segs[seg as usize].tree {
+            // Runs are found by their start only: an interior address is no run's.
+            return self.runs.get(&(seg, off)).map(|r| r.1);
+        }
+        let n = &self.nodes[self.locate(seg, off) as usize];
+        (n.state == State::Used).then_some(n.owner)
+    }
+
+    /// The live segment containing device address `addr`, with the offset.
+    pub fn segment_of(&self, addr: u64) -> Option<(u32, u64)> {
+        self.live_segments()
+            .find(|(_, s)| addr >= s.base && addr < s.base + s.mapped)
+            .map(|(i, s)| (i, addr - s.base))
+    }
+
+    // ----- checking -----
+
+    /// Verifies every invariant of the module docs; `Err` names the first broken one.
+    pub fn check(&self) -> Result<(), String> {
+        let mut free_seen = 0u64;
+        let mut free_nodes = 0usize;
+        for (si, s) in self.live_segments() {
+            if !s.tree {
+                // Used runs and free extents tile [0, mapped) exactly.
+                let mut spans: Vec<(u64, u64, bool)> = self
+                    .runs
+                    .iter()
+                    .filter(|(&(s, _), _)| s == si)
+                    .map(|(&(_, o), &(l, _))| (o, l, true))
+                    .chain(
+                        self.ext
+                            .iter()
+                            .filter(|&(_, s, _, _)| s == si)
+                            .map(|(_, _, o, l)| (o, l, false)),
+                    )
+                    .collect();
+                spans.sort_unstable();
+                let (mut cur, mut used) = (0u64, 0u64);
+                for (o, l, u) in spans {
+                    if o != cur {
+                        return Err(format!(
+                            "segment {si}: gap or overlap at {o} (expected {cur})"
+                        ));
+                    }
+                    cur += l;
+                    if u {
+                        used += l;
+                    } else {
+                        free_seen += l;
+                    }
+                }
+                if cur != s.mapped || used != s.used {
+                    return Err(format!(
+                        "segment {si}: runs and extents cover {cur} of {}, used {used} vs {}",
+                        s.mapped, s.used
+                    ));
+                }
+                continue;
+            }
+            let (mut free, mut used, mut unmapped) = (0u64, 0u64, 0u64);
+            let mut stack = vec![s.root];
+            if self.nodes[s.root as usize].parent != NIL {
+                return Err(format!("segment {si}: root has a parent"));
+            }
+            while let Some(i) = stack.pop() {
+                let n = &self.nodes[i as usize];
+                if n.seg != si {
+                    return Err(format!("node {i} in segment {si} says segment {}", n.seg));
+                }
+                let size = 1u64 << n.order;
+                if !n.offset.is_multiple_of(size) {
+                    return Err(format!(
+                        "node {i}: offset {} not aligned to {size}",
+                        n.offset
+                    ));
+                }
+                match n.state {
+                    State::Split => {
+                        let (l, r) = (
+                            &self.nodes[n.child as usize],
+                            &self.nodes[n.child as usize + 1],
+                        );
+                        if !n.child.is_multiple_of(2)
+                            || l.parent != i
+                            || r.parent != i
+                            || l.order + 1 != n.order
+                            || r.order + 1 != n.order
+                            || l.offset != n.offset
+                            || r.offset != n.offset + size / 2
+                        {
+                            return Err(format!("node {i}: bad children"));
+                        }
+                        if l.state == State::Free && r.state == State::Free {
+                            return Err(format!("node {i}: two free children not merged"));
+                        }
+                        stack.push(n.child);
+                        stack.push(n.child + 1);
+                    }
+                    State::Free => {
+                        free += size;
+                        free_nodes += 1;
+                    }
+                    State::Used => used += size,
+                    State::Unmapped => unmapped += size,
+                    State::Dead => return Err(format!("node {i}: dead node in a tree")),
+                }
+            }
+            if free + used + unmapped != 1u64 << s.order {
+                return Err(format!("segment {si}: free+used+unmapped != range"));
+            }
+            if free + used != s.mapped {
+                return Err(format!(
+                    "segment {si}: free {free} + used {used} != mapped {}",
+                    s.mapped
+                ));
+            }
+            if used != s.used {
+                return Err(format!("segment {si}: used {used} != counter {}", s.used));
+            }
+            free_seen += free;
+        }
+        if free_seen != self.free_bytes {
+            return Err(format!(
+                "free bytes {free_seen} != counter {}",
+                self.free_bytes
+            ));
+        }
+        let mut listed = 0usize;
+        for o in 0..64 {
+            let mut i = self.heads[o];
+            let mut prev = NIL;
+            if (i != NIL) != (self.nonempty & (1 << o) != 0) {
+                return Err(format!("order {o}: bitmask disagrees with list"));
+            }
+            while i != NIL {
+                let n = &self.nodes[i as usize];
+                if n.state != State::Free || n.order as usize != o || n.prev != prev {
+                    return Err(format!("order {o}: bad free list entry {i}"));
+                }
+                listed += 1;
+                prev = i;
+                i = n.next;
+            }
+        }
+        if listed != free_nodes {
+            return Err(format!("{listed} listed free nodes, {free_nodes} in trees"));
+        }
+        let mut ext_total = 0;
+        let mut last: Option<(u32, u64)> = None;
+        self.ext.check()?;
+        let mut exts: Vec<((u32, u64), u64, bool)> = self
+            .ext
+            .iter()
+            .map(|(k, sg, o, l)| ((sg, o), l, k))
+            .collect();
+        exts.sort_unstable();
+        for ((seg, off), len, small) in exts {
+            if small != self.segs[seg as usize].small || len == 0 {
+                return Err(format!("extent ({seg}, {off}, {len}) has the wrong kind"));
+            }
+            if self.segs[seg as usize].tree && !self.is_free_range(seg, off, len) {
+                return Err(format!("extent ({seg}, {off}, {len}) is not free"));
+            }
+            if let Some((ls, lend)) = last {
+                if ls == seg && lend >= off {
+                    return Err(format!(
+                        "extents of segment {seg} touch or overlap at {off}"
+                    ));
+                }
+            }
+            last = Some((seg, off + len));
+            ext_total += len;
+        }
+        if ext_total != self.free_bytes {
+            return Err(format!(
+                "extents hold {ext_total} bytes, free lists {}",
+                self.free_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "buddy_tests.rs"]
+mod tests;

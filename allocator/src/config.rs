@@ -1,0 +1,285 @@
+//! Allocator configuration: a serde struct with documented defaults, and the
+//! `MEMCAST_ALLOC_CONF` environment string (`key:value,key:value`, like PyTorch's
+//! `PYTORCH_CUDA_ALLOC_CONF`). Sizes accept `B`, `K`/`KiB`, `M`/`MiB`, `G`/`GiB`.
+//!
+//! Every default below was chosen by measurement on the shared traces; docs/allocator.md
+//! has the numbers behind them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::AllocError;
+
+/// When free blocks are merged back with their buddies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Coalesce {
+    /// Merge on every free (no cache of freed runs).
+    Immediate,
+    /// Keep freed runs whole in a per-stream cache keyed by size (reused as they are by
+    /// a request of the same rounded size, O(1)); merge them all on the first request
+    /// the cache cannot serve exactly (so placement always sees every free byte), or
+    /// when it holds more than `cache_max_runs` runs or `cache_max_fraction` of
+    /// reserved bytes.
+    Deferred,
+}
+
+/// When completely free segments go back to the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Release {
+    /// Keep them (PyTorch's default); released only to retry after an out-of-memory.
+    OnOom,
+    /// Release a segment as soon as it is completely free (after coalescing).
+    Immediate,
+}
+
+/// The allocator's knobs. `AllocConfig::default()` is what `memcast` uses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AllocConfig {
+    /// Minimum block and alignment of every allocation, bytes (power of two >= 256).
+    pub min_block: u64,
+    /// Requests below this go to size-class slabs; larger ones to the buddy runs.
+    pub small_max: u64,
+    /// Size classes per power of two for slab objects (1, 2, 4 or 8); 4 bounds the
+    /// rounding waste at 25% (mean ~10%) of small objects' bytes.
+    pub classes_per_doubling: u32,
+    /// Minimum bytes of one slab.
+    pub slab_min_bytes: u64,
+    /// Objects per slab, at least (a slab is `max(slab_min_bytes, objects x class)`
+    /// rounded up to the minimum block).
+    pub slab_objects: u64,
+    /// Device segments are multiples of this (the GPU page: 2 MiB).
+    pub segment_granule: u64,
+    /// Use one growable (virtually contiguous) segment per stream when the backend
+    /// supports it, instead of fixed segments.
+    pub growable_segments: bool,
+    /// Growth schedule: a new segment (or growth) is at least
+    /// `clamp(reserved * (growth_factor - 1), growth_initial, growth_cap)` bytes, and at
+    /// least the deficit of the request that missed, rounded up to the granule.
+    pub growth_initial: u64,
+    pub growth_factor: f64,
+    pub growth_cap: u64,
+    /// A miss within this many allocations of the previous growth is part of a burst
+    /// and grows by the schedule (halved per burst); an isolated one by its deficit
+    /// only. `u64::MAX` = always the schedule (classic doubling with factor 2).
+    pub growth_burst_window: u64,
+    /// Deferred or immediate coalescing of freed runs.
+    pub coalesce: Coalesce,
+    /// Deferred coalescing: merge the cache when it holds more runs than this.
+    pub cache_max_runs: u64,
+    /// Deferred coalescing: merge the cache when it holds more than this fraction of
+    /// reserved bytes.
+    pub cache_max_fraction: f64,
+    /// Release policy for completely free segments.
+    pub release: Release,
+    /// Where a run goes: best fit over coalesced free extents (`true`), or the classic
+    /// buddy choice, the smallest free block of a sufficient order (`false`).
+    pub best_fit: bool,
+    /// Buddy placement only: how many free blocks of the floor order are tried for a run that straddles two
+    /// buddies before splitting a larger block (a bounded best-fit search).
+    pub run_scan: u32,
+    /// Sample the allocation latency histogram every N allocations (0 = off).
+    pub latency_sample_every: u32,
+    /// Upper bound on one request, bytes (0 = the device capacity).
+    pub max_request: u64,
+}
+
+impl Default for AllocConfig {
+    fn default() -> Self {
+        AllocConfig {
+            min_block: 256,
+            small_max: 64 << 10,
+            classes_per_doubling: 4,
+            slab_min_bytes: 64 << 10,
+            slab_objects: 8,
+            segment_granule: 2 << 20,
+            growable_segments: true,
+            growth_initial: 32 << 20,
+            growth_factor: 1.0,
+            growth_cap: 1 << 30,
+            growth_burst_window: u64::MAX,
+            coalesce: Coalesce::Deferred,
+            cache_max_runs: 4096,
+            cache_max_fraction: 0.5,
+            release: Release::OnOom,
+            best_fit: true,
+            run_scan: 16,
+            latency_sample_every: 64,
+            max_request: 0,
+        }
+    }
+}
+
+/// Parses `12345`, `2M`, `2MiB`, `1.5G`, `64K` into bytes.
+pub fn parse_bytes(s: &str) -> Result<u64, AllocError> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(AllocError::Config(format!("bad size unit in {s:?}"))),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| AllocError::Config(format!("bad size {s:?}")))?;
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(AllocError::Config(format!("bad size {s:?}")));
+    }
+    Ok((v * mult as f64).round() as u64)
+}
+
+impl AllocConfig {
+    /// Reads `MEMCAST_ALLOC_CONF` over the defaults (unset = defaults).
+    pub fn from_env() -> Result<Self, AllocError> {
+        match std::env::var("MEMCAST_ALLOC_CONF") {
+            Ok(s) => Self::default().with_conf_string(&s),
+            Err(_) => Ok(Self::default()),
+        }
+    }
+
+    /// Applies a `key:value,key:value` string over `self`, then validates.
+    pub fn with_conf_string(mut self, conf: &str) -> Result<Self, AllocError> {
+        for item in conf.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (k, v) = item
+                .split_once(':')
+                .ok_or_else(|| AllocError::Config(format!("expected key:value, got {item:?}")))?;
+            let (k, v) = (k.trim(), v.trim());
+            let num = |v: &str| -> Result<f64, AllocError> {
+                v.parse::<f64>()
+                    .map_err(|_| AllocError::Config(format!("{k}: bad number {v:?}")))
+            };
+            let int = |v: &str| -> Result<u64, AllocError> {
+                v.parse::<u64>()
+                    .map_err(|_| AllocError::Config(format!("{k}: bad integer {v:?}")))
+            };
+            match k {
+                "min_block" => self.min_block = parse_bytes(v)?,
+                "small_max" => self.small_max = parse_bytes(v)?,
+                "classes_per_doubling" => self.classes_per_doubling = int(v)? as u32,
+                "slab_min_bytes" => self.slab_min_bytes = parse_bytes(v)?,
+                "slab_objects" => self.slab_objects = int(v)?,
+                "segment_granule" => self.segment_granule = parse_bytes(v)?,
+                "growable_segments" => {
+                    self.growable_segments = match v {
+                        "true" | "True" | "1" => true,
+                        "false" | "False" | "0" => false,
+                        _ => return Err(AllocError::Config(format!("{k}: expected a bool"))),
+                    }
+                }
+                "growth_initial" => self.growth_initial = parse_bytes(v)?,
+                "growth_factor" => self.growth_factor = num(v)?,
+                "growth_cap" => self.growth_cap = parse_bytes(v)?,
+                "growth_burst_window" => self.growth_burst_window = int(v)?,
+                "coalesce" => {
+                    self.coalesce = match v {
+                        "immediate" => Coalesce::Immediate,
+                        "deferred" => Coalesce::Deferred,
+                        _ => return Err(AllocError::Config(format!("{k}: immediate|deferred"))),
+                    }
+                }
+                "cache_max_runs" => self.cache_max_runs = int(v)?,
+                "cache_max_fraction" => self.cache_max_fraction = num(v)?,
+                "release" => {
+                    self.release = match v {
+                        "on_oom" => Release::OnOom,
+                        "immediate" => Release::Immediate,
+                        _ => return Err(AllocError::Config(format!("{k}: on_oom|immediate"))),
+                    }
+                }
+                "best_fit" => {
+                    self.best_fit = match v {
+                        "true" | "True" | "1" => true,
+                        "false" | "False" | "0" => false,
+                        _ => return Err(AllocError::Config(format!("{k}: expected a bool"))),
+                    }
+                }
+                "run_scan" => self.run_scan = int(v)? as u32,
+                "latency_sample_every" => self.latency_sample_every = int(v)? as u32,
+                "max_request" => self.max_request = parse_bytes(v)?,
+                _ => return Err(AllocError::Config(format!("unknown key {k:?}"))),
+            }
+        }
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Checks the values make sense together.
+    pub fn validate(&self) -> Result<(), AllocError> {
+        let bad = |m: String| Err(AllocError::Config(m));
+        if !self.min_block.is_power_of_two() || self.min_block < 256 {
+            return bad(format!(
+                "min_block {} must be a power of two >= 256",
+                self.min_block
+            ));
+        }
+        if !self.segment_granule.is_power_of_two() || self.segment_granule < self.min_block {
+            return bad(format!(
+                "segment_granule {} must be a power of two >= min_block",
+                self.segment_granule
+            ));
+        }
+        if self.small_max > self.segment_granule {
+            return bad(format!(
+                "small_max {} must not exceed segment_granule {}",
+                self.small_max, self.segment_granule
+            ));
+        }
+        if ![1, 2, 4, 8].contains(&self.classes_per_doubling) {
+            return bad("classes_per_doubling must be 1, 2, 4 or 8".into());
+        }
+        if self.slab_objects == 0 {
+            return bad("slab_objects must be >= 1".into());
+        }
+        if !(self.growth_factor >= 1.0 && self.growth_factor.is_finite()) {
+            return bad(format!("growth_factor {} must be >= 1", self.growth_factor));
+        }
+        if self.growth_cap < self.growth_initial {
+            return bad("growth_cap must be >= growth_initial".into());
+        }
+        if !(0.0..=1.0).contains(&self.cache_max_fraction) {
+            return bad("cache_max_fraction must be within [0, 1]".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conf_string_overrides_defaults() {
+        let c = AllocConfig::default()
+            .with_conf_string(
+                "small_max:512K, growth_factor:1.5,coalesce:immediate,growable_segments:true",
+            )
+            .unwrap();
+        assert_eq!(c.small_max, 512 << 10);
+        assert_eq!(c.growth_factor, 1.5);
+        assert_eq!(c.coalesce, Coalesce::Immediate);
+        assert!(c.growable_segments);
+        assert!(AllocConfig::default().with_conf_string("nope:1").is_err());
+        assert!(AllocConfig::default()
+            .with_conf_string("min_block:100")
+            .is_err());
+        assert!(AllocConfig::default()
+            .with_conf_string("small_max")
+            .is_err());
+        assert_eq!(parse_bytes("1.5GiB").unwrap(), 3 << 29);
+        assert!(parse_bytes("-1M").is_err());
+    }
+
+    #[test]
+    fn config_round_trips_through_json() {
+        let c = AllocConfig::default();
+        let j = serde_json::to_string(&c).unwrap();
+        let back: AllocConfig = serde_json::from_str(&j).unwrap();
+        assert_eq!(c, back);
+    }
+}

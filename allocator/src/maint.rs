@@ -1,0 +1,619 @@
+//! The allocator's slow paths: finding room, growing, releasing, cross-stream frees,
+//! advice from a forecaster, and the invariant check.
+
+use crate::backend::{BackendError, DeviceBackend, DevicePtr, StreamId};
+use crate::buddy::NIL;
+use crate::error::AllocError;
+use crate::policy::{Advice, GrowthRequest, SegmentView};
+use crate::pool::{Allocator, PendingFree, RecState, Record, SLAB_TAG};
+
+impl<B: DeviceBackend> Allocator<B> {
+    fn granule(&self) -> u64 {
+        self.cfg.segment_granule.max(self.backend.granularity())
+    }
+
+    fn use_growable(&self) -> bool {
+        self.cfg.growable_segments && self.backend.supports_growable()
+    }
+
+    /// A free run of `len` bytes for `stream`, tagged `owner`: from the trees, then
+    /// after coalescing the cache, then after waiting for pending frees, then from the
+    /// device, then (out of memory) after releasing every cached byte of every stream.
+    pub(crate) fn obtain_run(
+        &mut self,
+        stream: StreamId,
+        len: u64,
+        owner: u32,
+        small: bool,
+    ) -> Result<(u32, u64), AllocError> {
+        let scan = self.cfg.run_scan;
+        let pool = self.pool_mut(stream)?;
+        if let Some((seg, off)) = pool.buddy.find_run(len, scan, small) {
+            pool.buddy.carve(seg, off, len, owner);
+            return Ok((seg, off));
+        }
+        if pool.cached_runs > 0 {
+            self.flush_cache(stream)?;
+            if let Some(x) = self.try_carve(stream, len, owner, small) {
+                return Ok(x);
+            }
+        }
+        if !self.pending.is_empty() && self.process_pending(true)? > 0 {
+            if let Some(x) = self.try_carve(stream, len, owner, small) {
+                return Ok(x);
+            }
+        }
+        match self.grow(stream, len, owner, small) {
+            Ok(x) => Ok(x),
+            Err(e) if e.is_oom() => {
+                self.stats.oom_retries += 1;
+                tracing::debug!(
+                    len,
+                    stream,
+                    "device out of memory: releasing caches and retrying"
+                );
+                self.release_free_memory()?;
+                if let Some(x) = self.try_carve(stream, len, owner, small) {
+                    return Ok(x);
+                }
+                self.grow(stream, len, owner, small).map_err(|source| {
+                    if source.is_oom() {
+                        AllocError::OutOfMemory {
+                            requested: len,
+                            stream,
+                            reserved: self.stats.reserved.current,
+                            allocated: self.stats.allocated.current,
+                            source,
+                        }
+                    } else {
+                        AllocError::Backend(source)
+                    }
+                })
+            }
+            Err(e) => Err(AllocError::Backend(e)),
+        }
+    }
+
+    fn try_carve(
+        &mut self,
+        stream: StreamId,
+        len: u64,
+        owner: u32,
+        small: bool,
+    ) -> Option<(u32, u64)> {
+        let scan = self.cfg.run_scan;
+        let pool = self.pools[stream as usize].as_mut()?;
+        let (seg, off) = pool.buddy.find_run(len, scan, small)?;
+        pool.buddy.carve(seg, off, len, owner);
+        Some((seg, off))
+    }
+
+    fn growth_bytes(
+        &mut self,
+        stream: StreamId,
+        request: u64,
+        deficit: u64,
+        growable: bool,
+    ) -> u64 {
+        let granule = self.granule();
+        let available = self.backend.capacity().saturating_sub(self.backend.used());
+        let req = GrowthRequest {
+            stream,
+            request,
+            deficit,
+            reserved: self.stats.reserved.current,
+            allocated: self.stats.allocated.current,
+            peak_reserved: self.stats.reserved.peak,
+            allocs: self.stats.allocs,
+            granule,
+            available,
+            growable,
+        };
+        let want = self
+            .growth
+            .grow_bytes(&req)
+            .max(deficit)
+            .next_multiple_of(granule);
+        if want > available {
+            deficit
+        } else {
+            want
+        }
+    }
+
+    /// Obtains device memory for a run of `len` and carves it. Backend errors come back
+    /// as they are (the caller retries out-of-memory after releasing caches).
+    fn grow(
+        &mut self,
+        stream: StreamId,
+        len: u64,
+        owner: u32,
+        small: bool,
+    ) -> Result<(u32, u64), BackendError> {
+        let granule = self.granule();
+        if self.use_growable() {
+            let seg = match self.pools[stream as usize]
+                .as_ref()
+                .and_then(|p| p.growable[small as usize])
+            {
+                Some(s) => s,
+                None => {
+                    // Twice the device in address space: fragmentation can never
+                    // exhaust it before physical memory runs out (PyTorch: 1.125x).
+                    let va = self.backend.capacity().next_power_of_two().max(granule) * 2;
+                    let base = self.backend.reserve_growable(va)?;
+                    let pool = self.pools[stream as usize].as_mut().expect("pool");
+                    let s = pool.buddy.add_segment(base.0, 0, va, true, small);
+                    pool.growable[small as usize] = Some(s);
+                    s
+                }
+            };
+            let pool = self.pools[stream as usize].as_ref().expect("pool");
+            let (base, mapped) = {
+                let s = &pool.buddy.segs[seg as usize];
+                (s.base, s.mapped)
+            };
+            let tail = pool.buddy.trailing_free(seg).min(len);
+            let deficit = (len - tail).next_multiple_of(granule);
+            let room = (1u64 << pool.buddy.segs[seg as usize].order) - mapped;
+            if deficit > room {
+                return Err(BackendError::OutOfMemory {
+                    requested: deficit,
+                    available: room,
+                });
+            }
+            let mut add = self.growth_bytes(stream, len, deficit, true).min(room);
+            if let Err(e) = self.backend.grow(DevicePtr(base), mapped, add) {
+                if add == deficit || !e.is_oom() {
+                    return Err(e);
+                }
+                add = deficit;
+                self.backend.grow(DevicePtr(base), mapped, add)?;
+            }
+            self.stats.device_allocs += 1;
+            self.stats.reserved.add(add);
+            let pool = self.pools[stream as usize].as_mut().expect("pool");
+            pool.reserved += add;
+            pool.buddy.map_more(seg, add);
+            let off = mapped - tail;
+            pool.buddy.carve(seg, off, len, owner);
+            tracing::debug!(stream, add, mapped = mapped + add, "grew growable segment");
+            Ok((seg, off))
+        } else {
+            let deficit = len.next_multiple_of(granule);
+            let mut size = self.growth_bytes(stream, len, deficit, false);
+            let base = match self.backend.allocate(size, stream) {
+                Ok(b) => b,
+                Err(e) if e.is_oom() && size > deficit => {
+                    size = deficit;
+                    self.backend.allocate(size, stream)?
+                }
+                Err(e) => return Err(e),
+            };
+            self.stats.device_allocs += 1;
+            self.stats.reserved.add(size);
+            let pool = self.pools[stream as usize].as_mut().expect("pool");
+            pool.reserved += size;
+            let seg = pool
+                .buddy
+                .add_segment(base.0, size, size.next_power_of_two(), false, small);
+            pool.buddy.carve(seg, 0, len, owner);
+            tracing::debug!(stream, size, %base, "new device segment");
+            Ok((seg, 0))
+        }
+    }
+
+    /// Applies the release policy to a segment of `stream` that may have become free.
+    pub(crate) fn maybe_release_segment(
+        &mut self,
+        stream: StreamId,
+        seg: u32,
+    ) -> Result<(), AllocError> {
+        if !self.release.active() {
+            return Ok(());
+        }
+        let pool = self.pools[stream as usize].as_ref().expect("pool");
+        let s = &pool.buddy.segs[seg as usize];
+        if !s.live {
+            return Ok(());
+        }
+        let bytes = if s.growable {
+            let t = pool.buddy.trailing_free(seg);
+            t - t % self.granule()
+        } else if s.used == 0 {
+            s.mapped
+        } else {
+            0
+        };
+        if bytes == 0 {
+            return Ok(());
+        }
+        let view = SegmentView {
+            stream,
+            bytes,
+            growable: s.growable,
+            reserved: self.stats.reserved.current,
+            peak_reserved: self.stats.reserved.peak,
+        };
+        if self.release.release(&view) {
+            self.release_segment(stream, seg)?;
+        }
+        Ok(())
+    }
+
+    /// Gives a free fixed segment back to the device, or the free tail of a growable one.
+    fn release_segment(&mut self, stream: StreamId, seg: u32) -> Result<u64, AllocError> {
+        let granule = self.granule();
+        let pool = self.pools[stream as usize].as_mut().expect("pool");
+        let s = pool.buddy.segs[seg as usize].clone();
+        if s.growable {
+            let t = pool.buddy.trailing_free(seg);
+            let release = t - t % granule;
+            if release == 0 {
+                return Ok(0);
+            }
+            self.backend.shrink(DevicePtr(s.base), s.mapped, release)?;
+            let pool = self.pools[stream as usize].as_mut().expect("pool");
+            pool.buddy.unmap_tail(seg, release);
+            pool.reserved -= release;
+            self.stats.reserved.sub(release);
+            self.stats.device_frees += 1;
+            Ok(release)
+        } else if s.used == 0 {
+            self.backend
+                .deallocate(DevicePtr(s.base), s.mapped, stream)?;
+            let pool = self.pools[stream as usize].as_mut().expect("pool");
+            pool.buddy.remove_segment(seg);
+            pool.reserved -= s.mapped;
+            self.stats.reserved.sub(s.mapped);
+            self.stats.device_frees += 1;
+            Ok(s.mapped)
+        } else {
+            Ok(0)
+        }
+    }
+
+    /// Releases every byte the allocator can: coalesces all caches, waits for pending
+    /// frees, returns empty slabs to their trees and free segments (growable tails) to
+    /// the device. Returns the bytes given back. What `empty_cache` and the
+    /// out-of-memory retry do.
+    pub fn release_free_memory(&mut self) -> Result<u64, AllocError> {
+        self.coalesce()?;
+        let mut freed = 0;
+        for stream in 0..self.pools.len() as u32 {
+            let Some(pool) = self.pools[stream as usize].as_ref() else {
+                continue;
+            };
+            let segs: Vec<u32> = pool.buddy.live_segments().map(|(i, _)| i).collect();
+            for seg in segs {
+                freed += self.release_segment(stream, seg)?;
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Merges everything that is free without giving memory back: coalesces every
+    /// cache, completes pending frees, returns empty slabs to their trees. Afterwards a
+    /// segment with nothing allocated is one free extent ([`Allocator::fully_coalesced`]).
+    pub fn coalesce(&mut self) -> Result<(), AllocError> {
+        self.process_pending(true)?;
+        for stream in 0..self.pools.len() as u32 {
+            if self.pools[stream as usize].is_none() {
+                continue;
+            }
+            self.flush_cache(stream)?;
+            let pool = self.pools[stream as usize].as_mut().expect("pool");
+            for class in 0..pool.partial.len() {
+                let mut k = 0;
+                while k < pool.partial[class].len() {
+                    let id = pool.partial[class][k];
+                    let slab = &mut self.slabs[id as usize];
+                    if slab.used == 0 {
+                        pool.partial[class].swap_remove(k);
+                        pool.buddy.free_run(slab.seg, slab.off, slab.len());
+                        slab.live = false;
+                        slab.in_partial = false;
+                        self.free_slabs.push(id);
+                    } else {
+                        k += 1;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// True iff every segment without live data is a single free extent (its buddy
+    /// blocks all merged as far as alignment allows).
+    pub fn fully_coalesced(&self) -> bool {
+        self.pools.iter().flatten().all(|p| {
+            p.buddy
+                .live_segments()
+                .filter(|(_, s)| s.used == 0)
+                .all(|(i, s)| p.buddy.trailing_free(i) == s.mapped)
+        })
+    }
+
+    /// Same as [`Allocator::release_free_memory`] (PyTorch's name).
+    pub fn empty_cache(&mut self) -> Result<u64, AllocError> {
+        self.release_free_memory()
+    }
+
+    pub(crate) fn defer_free(&mut self, id: u32) -> Result<(), AllocError> {
+        let r = self.records[id as usize];
+        let mut events = Vec::new();
+        for s in 0..64u32 {
+            if r.uses & (1u64 << s) == 0 {
+                continue;
+            }
+            // Bit 63 stands for every stream >= 63.
+            let streams: Vec<u32> = if s == 63 {
+                (63..self.streams).collect()
+            } else {
+                vec![s]
+            };
+            for st in streams {
+                let e = self.backend.create_event()?;
+                self.backend.record_event(e, st)?;
+                events.push(e);
+            }
+        }
+        self.records[id as usize].state = RecState::Pending;
+        self.pending_bytes += r.size;
+        self.pending.push(PendingFree { rec: id, events });
+        self.stats.deferred_frees += 1;
+        Ok(())
+    }
+
+    /// Completes pending cross-stream frees whose events are done (all of them, waiting
+    /// on the host, with `block`). Returns how many completed.
+    pub(crate) fn process_pending(&mut self, block: bool) -> Result<usize, AllocError> {
+        let mut done = 0;
+        let mut k = 0;
+        while k < self.pending.len() {
+            let ready = if block {
+                for &e in &self.pending[k].events {
+                    self.backend.synchronize_event(e)?;
+                }
+                true
+            } else {
+                let mut all = true;
+                for &e in &self.pending[k].events {
+                    if !self.backend.query_event(e)? {
+                        all = false;
+                        break;
+                    }
+                }
+                all
+            };
+            if ready {
+                let p = self.pending.swap_remove(k);
+                for e in p.events {
+                    self.backend.destroy_event(e)?;
+                }
+                let r = self.records[p.rec as usize];
+                self.pending_bytes -= r.size;
+                self.records[p.rec as usize].uses = 0;
+                self.release_record(p.rec)?;
+                done += 1;
+            } else {
+                k += 1;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Applies one piece of advice from a forecaster (predictive mode). Advice the
+    /// allocator cannot follow safely is ignored; errors are only backend failures
+    /// other than out-of-memory (an OOM while following advice is not an error: the
+    /// advice was just too optimistic).
+    pub fn apply_advice(&mut self, advice: Advice) -> Result<(), AllocError> {
+        match advice {
+            Advice::EnsureFree { stream, bytes } => {
+                let pool = self.pool_mut(stream)?;
+                let free = pool.buddy.free_bytes() + pool.cached_bytes;
+                if free >= bytes {
+                    return Ok(());
+                }
+                let deficit = (bytes - free).next_multiple_of(self.cfg.min_block);
+                // Obtain a run of the deficit from the device and free it at once: the
+                // memory stays reserved and free for the predicted requests.
+                let id = self.records.len() as u32;
+                match self.grow(stream, deficit, id, false) {
+                    Ok((seg, off)) => {
+                        let pool = self.pools[stream as usize].as_mut().expect("pool");
+                        pool.buddy.free_run(seg, off, deficit);
+                        Ok(())
+                    }
+                    Err(e) if e.is_oom() => Ok(()),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Advice::PreSplit {
+                stream,
+                bytes,
+                count,
+            } => {
+                if bytes < self.classes.small_max() || bytes == 0 {
+                    return Ok(());
+                }
+                let len = bytes.next_multiple_of(self.cfg.min_block);
+                for _ in 0..count {
+                    let id = self.new_record(Record {
+                        ptr: 0,
+                        requested: len,
+                        size: len,
+                        seg_or_slab: 0,
+                        off_or_slot: 0,
+                        stream,
+                        gen: 0,
+                        state: RecState::Free,
+                        slab: false,
+                        uses: 0,
+                        next: NIL,
+                    });
+                    let (seg, off) = match self.obtain_run(stream, len, id, false) {
+                        Ok(x) => x,
+                        Err(e) => {
+                            self.free_records.push(id);
+                            return match e {
+                                AllocError::OutOfMemory { .. } => Ok(()),
+                                e => Err(e),
+                            };
+                        }
+                    };
+                    // Straight into the cache: ready for an O(1) hit.
+                    let pool = self.pools[stream as usize].as_mut().expect("pool");
+                    let base = pool.buddy.segs[seg as usize].base;
+                    let head = pool.cache.insert(len, id).unwrap_or(NIL);
+                    pool.cached_runs += 1;
+                    pool.cached_bytes += len;
+                    let r = &mut self.records[id as usize];
+                    r.next = head;
+                    r.ptr = base + off;
+                    r.seg_or_slab = seg;
+                    r.off_or_slot = off;
+                    r.state = RecState::Cached;
+                }
+                Ok(())
+            }
+            Advice::Trim { stream, keep_bytes } => {
+                self.flush_cache(stream)?;
+                let pool = self.pool_mut(stream)?;
+                let segs: Vec<(u32, u64)> = pool
+                    .buddy
+                    .live_segments()
+                    .filter(|(_, s)| s.used == 0 || s.growable)
+                    .map(|(i, s)| (i, s.mapped))
+                    .collect();
+                for (seg, _) in segs {
+                    let free = self.pools[stream as usize]
+                        .as_ref()
+                        .expect("pool")
+                        .buddy
+                        .free_bytes();
+                    if free <= keep_bytes {
+                        break;
+                    }
+                    self.release_segment(stream, seg)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Checks every invariant: the buddy trees', the slabs', the caches', the record
+    /// table against the statistics, and the conservation equation
+    /// `reserved == buddy_free + cached + slab_free + pending + allocated`.
+    pub fn check_invariants(&self) -> Result<(), AllocError> {
+        let bad = |m: String| Err(AllocError::Invariant(m));
+        let (mut requested, mut allocated) = (0u64, 0u64);
+        let mut run_bytes = vec![0u64; self.pools.len()];
+        let mut cached = vec![0u64; self.pools.len()];
+        for (id, r) in self.records.iter().enumerate() {
+            match r.state {
+                RecState::Free => continue,
+                RecState::Live => {
+                    requested += r.requested;
+                    allocated += r.size;
+                    if r.ptr % self.cfg.min_block != 0 {
+                        return bad(format!("record {id}: pointer {:#x} misaligned", r.ptr));
+                    }
+                }
+                RecState::Cached => cached[r.stream as usize] += r.size,
+                RecState::Pending => {}
+            }
+            if !r.slab {
+                run_bytes[r.stream as usize] += r.size;
+            }
+        }
+        if requested != self.stats.requested.current || allocated != self.stats.allocated.current {
+            return bad(format!(
+                "records say requested {requested} / allocated {allocated}, stats say {} / {}",
+                self.stats.requested.current, self.stats.allocated.current
+            ));
+        }
+        let mut reserved = 0u64;
+        let mut buddy_free = 0u64;
+        let mut slab_free = 0u64;
+        let mut cached_total = 0u64;
+        for (s, pool) in self.pools.iter().enumerate() {
+            let Some(pool) = pool else { continue };
+            pool.buddy
+                .check()
+                .map_err(|e| AllocError::Invariant(format!("stream {s}: {e}")))?;
+            let mut n = 0;
+            let mut bytes = 0;
+            for (&len, &head) in &pool.cache {
+                let mut id = head;
+                while id != NIL {
+                    let r = &self.records[id as usize];
+                    let this = id;
+                    id = r.next;
+                    if r.state != RecState::Cached || r.size != len || r.stream as usize != s {
+                        return bad(format!("stream {s}: bad cache entry {this}"));
+                    }
+                    n += 1;
+                    bytes += len;
+                }
+            }
+            if n != pool.cached_runs || bytes != pool.cached_bytes || bytes != cached[s] {
+                return bad(format!("stream {s}: cache counters disagree"));
+            }
+            let mut slab_bytes = 0;
+            for (id, slab) in self.slabs.iter().enumerate() {
+                if !slab.live || slab.stream as usize != s {
+                    continue;
+                }
+                slab.check()
+                    .map_err(|e| AllocError::Invariant(format!("slab {id}: {e}")))?;
+                let listed = pool.partial[slab.class as usize].contains(&(id as u32));
+                if listed != slab.in_partial || slab.in_partial == slab.free.is_empty() {
+                    return bad(format!("slab {id}: partial list membership is wrong"));
+                }
+                if pool.buddy.owner_at(slab.seg, slab.off) != Some(SLAB_TAG | id as u32) {
+                    return bad(format!("slab {id}: its run is not tagged as its own"));
+                }
+                slab_bytes += slab.len();
+                slab_free += slab.free.len() as u64 * slab.obj;
+            }
+            let used: u64 = pool.buddy.live_segments().map(|(_, sg)| sg.used).sum();
+            if used != run_bytes[s] + slab_bytes {
+                return bad(format!(
+                    "stream {s}: trees hold {used} bytes, runs {} + slabs {slab_bytes}",
+                    run_bytes[s]
+                ));
+            }
+            let mapped: u64 = pool.buddy.live_segments().map(|(_, sg)| sg.mapped).sum();
+            if mapped != pool.reserved {
+                return bad(format!(
+                    "stream {s}: mapped {mapped} != reserved {}",
+                    pool.reserved
+                ));
+            }
+            reserved += pool.reserved;
+            buddy_free += pool.buddy.free_bytes();
+            cached_total += pool.cached_bytes;
+        }
+        if reserved != self.stats.reserved.current {
+            return bad(format!(
+                "pools reserve {reserved}, stats say {}",
+                self.stats.reserved.current
+            ));
+        }
+        let rhs = buddy_free + cached_total + slab_free + self.pending_bytes + allocated;
+        if reserved != rhs {
+            return bad(format!(
+                "conservation: reserved {reserved} != free {buddy_free} + cached {cached_total} + slab free {slab_free} + pending {} + allocated {allocated}",
+                self.pending_bytes
+            ));
+        }
+        if self.backend.used() < reserved {
+            return bad(format!(
+                "backend holds {} < reserved {reserved}",
+                self.backend.used()
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,424 @@
+//! Trace replay: runs a [`Trace`] through an allocator policy and reports the metrics
+//! of DESIGN.md.
+//!
+//! The trace's static blocks (live before recording began) are allocated first, in
+//! order; then every event: `Alloc` allocates, `Free` frees, `Access` and
+//! `IterationBoundary` only advance the clock. On the `sim` device the clock follows the
+//! trace's timestamps (compute time) plus the device calls' costs, so `device_time_us`
+//! is the time the host spent blocked in device calls.
+//!
+//! Metrics (one definition, used everywhere):
+//! - `peak_requested_bytes`: max over time of live requested bytes, static included;
+//! - `peak_reserved_bytes`: max over time of bytes obtained from the device;
+//! - `reserved_overhead = peak_reserved / peak_requested - 1`;
+//! - `max_fragmentation`: max of `1 - largest free block / free bytes`, sampled every
+//!   256 events and at each new reserved peak, over instants where at least 1% of
+//!   reserved bytes are free (below that the ratio measures noise, not fragmentation);
+//!   `fragmentation_at_peak` is the value when reserved peaked;
+//! - `events_per_sec`: events (static blocks included) over the wall time of the loop.
+
+pub mod naive;
+pub mod pytorch;
+
+use std::time::Instant;
+
+use memcast_trace::{EventKind, Trace};
+use serde::{Deserialize, Serialize};
+
+use crate::backend::host::HostBackend;
+use crate::backend::sim::SimBackend;
+use crate::backend::{DeviceBackend, StreamPriority};
+use crate::config::AllocConfig;
+use crate::error::AllocError;
+use crate::pool::{Allocation, Allocator, FxMap};
+
+/// Which allocator replays the trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// This crate's allocator.
+    Memcast,
+    /// The emulation of PyTorch's CUDACachingAllocator ([`pytorch`]).
+    Pytorch,
+    /// One device allocation per request.
+    Naive,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "memcast" => Ok(Policy::Memcast),
+            "pytorch" => Ok(Policy::Pytorch),
+            "naive" => Ok(Policy::Naive),
+            _ => Err(format!("unknown policy {s:?} (memcast, pytorch, naive)")),
+        }
+    }
+}
+
+/// Which device backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Sim,
+    Host,
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sim" => Ok(Device::Sim),
+            "host" => Ok(Device::Host),
+            _ => Err(format!("unknown device {s:?} (sim, host)")),
+        }
+    }
+}
+
+/// Replay settings.
+#[derive(Debug, Clone)]
+pub struct ReplayOptions {
+    pub policy: Policy,
+    pub device: Device,
+    /// The `memcast` policy's configuration.
+    pub config: AllocConfig,
+    /// The `pytorch` policy's configuration.
+    pub pytorch: pytorch::PytorchConfig,
+    /// Device capacity for `sim` (default: an H200's 141 GiB).
+    pub sim_capacity: u64,
+    /// Device capacity for `host` (real memory, touched only when written); 0 = auto:
+    /// 1.5 x the trace's peak requested bytes + 1 GiB (a reserve this machine can map).
+    pub host_capacity: u64,
+    /// Run `check_invariants()` every N events (0 = never). Tests use 1.
+    pub check_every: u64,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            policy: Policy::Memcast,
+            device: Device::Sim,
+            config: AllocConfig::default(),
+            pytorch: pytorch::PytorchConfig::default(),
+            sim_capacity: crate::backend::sim::H200_CAPACITY,
+            host_capacity: 0,
+            check_every: 0,
+        }
+    }
+}
+
+/// What a replay measured. Serialized as the `--json` output of `memcast replay`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayReport {
+    pub trace: String,
+    pub policy: Policy,
+    pub device: Device,
+    /// Static blocks + trace events processed.
+    pub events: u64,
+    pub allocs: u64,
+    pub frees: u64,
+    pub static_blocks: u64,
+    pub peak_requested_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub reserved_overhead: f64,
+    pub device_allocs: u64,
+    pub device_frees: u64,
+    pub max_fragmentation: f64,
+    pub fragmentation_at_peak: f64,
+    pub events_per_sec: f64,
+    pub wall_secs: f64,
+    /// Host time blocked in device calls (sim: modelled H200 costs).
+    pub device_time_us: f64,
+    /// Rounded minus requested bytes when requested bytes peaked.
+    pub internal_waste_at_peak: u64,
+    /// Policy-specific counters (cache hits, slab allocations, ...).
+    pub extra: serde_json::Value,
+}
+
+/// Replay errors: the allocator failed (e.g. out of memory) at a given event.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("event {index}")]
+    Alloc {
+        index: u64,
+        #[source]
+        source: AllocError,
+    },
+    #[error("event {index}: {what}")]
+    Trace { index: u64, what: String },
+}
+
+/// An allocator under replay: allocation by opaque handle, with the metrics.
+pub trait ReplayTarget {
+    type Handle: Copy;
+    fn alloc(&mut self, bytes: u64, stream: u32) -> Result<Self::Handle, AllocError>;
+    fn free(&mut self, h: Self::Handle, stream: u32) -> Result<(), AllocError>;
+    fn create_stream(&mut self) -> Result<u32, AllocError>;
+    fn reserved(&self) -> u64;
+    fn peak_reserved(&self) -> u64;
+    fn device_allocs(&self) -> u64;
+    fn device_frees(&self) -> u64;
+    /// `(free bytes, largest free block)` now.
+    fn free_and_largest(&self) -> (u64, u64);
+    fn device_time_us(&self) -> f64;
+    fn advance_us(&mut self, us: f64);
+    fn check(&self) -> Result<(), AllocError> {
+        Ok(())
+    }
+    fn extra(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+}
+
+impl<B: DeviceBackend> ReplayTarget for Allocator<B> {
+    type Handle = Allocation;
+    fn alloc(&mut self, bytes: u64, stream: u32) -> Result<Allocation, AllocError> {
+        self.allocate(bytes, stream)
+    }
+    fn free(&mut self, h: Allocation, stream: u32) -> Result<(), AllocError> {
+        self.deallocate(h, stream)
+    }
+    fn create_stream(&mut self) -> Result<u32, AllocError> {
+        Allocator::create_stream(self, StreamPriority::Normal)
+    }
+    fn reserved(&self) -> u64 {
+        self.stats().reserved.current
+    }
+    fn peak_reserved(&self) -> u64 {
+        self.stats().reserved.peak
+    }
+    fn device_allocs(&self) -> u64 {
+        self.stats().device_allocs
+    }
+    fn device_frees(&self) -> u64 {
+        self.stats().device_frees
+    }
+    fn free_and_largest(&self) -> (u64, u64) {
+        Allocator::free_and_largest(self)
+    }
+    fn device_time_us(&self) -> f64 {
+        self.backend().stall_us()
+    }
+    fn advance_us(&mut self, us: f64) {
+        self.backend_mut().advance_us(us)
+    }
+    fn check(&self) -> Result<(), AllocError> {
+        self.check_invariants()
+    }
+    fn extra(&self) -> serde_json::Value {
+        let s = self.stats();
+        serde_json::json!({
+            "internal_waste_at_peak": s.internal_waste_at_peak,
+            "cache_hits": s.cache_hits,
+            "cache_flushes": s.cache_flushes,
+            "slab_allocs": s.slab_allocs,
+            "oom_retries": s.oom_retries,
+            "alloc_latency_p50_ns": s.latency.quantile_ns(0.5),
+            "alloc_latency_p99_ns": s.latency.quantile_ns(0.99),
+            "config": self.config(),
+        })
+    }
+}
+
+/// Replays `trace` with `opts`.
+pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
+    let mut o = opts.clone();
+    if o.host_capacity == 0 {
+        o.host_capacity = peak_requested(trace) / 2 * 3 + (1 << 30);
+    }
+    let opts = &o;
+    let r = match (opts.policy, opts.device) {
+        (Policy::Memcast, Device::Sim) => {
+            let b = SimBackend::new(opts.sim_capacity, Default::default());
+            let a = Allocator::new(b, opts.config.clone())
+                .map_err(|source| ReplayError::Alloc { index: 0, source })?;
+            run(trace, a, opts)?
+        }
+        (Policy::Memcast, Device::Host) => {
+            let a = Allocator::new(HostBackend::new(opts.host_capacity), opts.config.clone())
+                .map_err(|source| ReplayError::Alloc { index: 0, source })?;
+            run(trace, a, opts)?
+        }
+        (Policy::Pytorch, Device::Sim) => {
+            let b = SimBackend::new(opts.sim_capacity, Default::default());
+            run(
+                trace,
+                pytorch::PytorchEmu::new(b, opts.pytorch.clone()),
+                opts,
+            )?
+        }
+        (Policy::Pytorch, Device::Host) => {
+            let b = HostBackend::new(opts.host_capacity);
+            run(
+                trace,
+                pytorch::PytorchEmu::new(b, opts.pytorch.clone()),
+                opts,
+            )?
+        }
+        (Policy::Naive, Device::Sim) => {
+            let b = SimBackend::new(opts.sim_capacity, Default::default());
+            run(trace, naive::Naive::new(b), opts)?
+        }
+        (Policy::Naive, Device::Host) => run(
+            trace,
+            naive::Naive::new(HostBackend::new(opts.host_capacity)),
+            opts,
+        )?,
+    };
+    Ok(r)
+}
+
+/// Peak of live requested bytes, static blocks included (one pass, no allocator).
+pub fn peak_requested(trace: &Trace) -> u64 {
+    let mut live: FxMap<u64, u64> = FxMap::default();
+    let mut cur: u64 = trace.static_blocks.iter().map(|b| b.bytes).sum();
+    let mut peak = cur;
+    for e in &trace.events {
+        match e.kind {
+            EventKind::Alloc { id, bytes, .. } => {
+                live.insert(id, bytes);
+                cur += bytes;
+                peak = peak.max(cur);
+            }
+            EventKind::Free { id } => cur -= live.remove(&id).unwrap_or(0),
+            _ => {}
+        }
+    }
+    peak
+}
+
+/// The replay loop over any [`ReplayTarget`].
+pub fn run<T: ReplayTarget>(
+    trace: &Trace,
+    mut t: T,
+    opts: &ReplayOptions,
+) -> Result<ReplayReport, ReplayError> {
+    let mut live: FxMap<u64, (T::Handle, u32, u64)> = FxMap::default();
+    live.reserve(trace.static_blocks.len() + 1024);
+    let mut streams = 1u32;
+    let mut requested = 0u64;
+    let mut peak_requested = 0u64;
+    let (mut allocs, mut frees, mut events) = (0u64, 0u64, 0u64);
+    let mut max_frag = 0.0f64;
+    let mut frag_at_peak = 0.0f64;
+    let mut last_peak = 0u64;
+    let fail = |index: u64| move |source| ReplayError::Alloc { index, source };
+
+    let mut ensure_stream = |t: &mut T, s: u32, index: u64| -> Result<(), ReplayError> {
+        while streams <= s {
+            t.create_stream().map_err(fail(index))?;
+            streams += 1;
+        }
+        Ok(())
+    };
+    let frag = |t: &T| -> Option<f64> {
+        let (free, largest) = t.free_and_largest();
+        let reserved = t.reserved();
+        if reserved == 0 || (free as f64) < 0.01 * reserved as f64 {
+            return None;
+        }
+        Some(1.0 - largest.min(free) as f64 / free as f64)
+    };
+
+    let start = Instant::now();
+    for b in &trace.static_blocks {
+        ensure_stream(&mut t, b.stream, 0)?;
+        let h = t.alloc(b.bytes, b.stream).map_err(fail(0))?;
+        if live.insert(b.id, (h, b.stream, b.bytes)).is_some() {
+            return Err(ReplayError::Trace {
+                index: 0,
+                what: format!("static block id {} twice", b.id),
+            });
+        }
+        requested += b.bytes;
+        allocs += 1;
+        events += 1;
+    }
+    peak_requested = peak_requested.max(requested);
+    let mut last_time = trace.events.first().map(|e| e.time_us).unwrap_or(0);
+    for (index, e) in trace.events.iter().enumerate() {
+        let index = index as u64;
+        if e.time_us > last_time {
+            t.advance_us((e.time_us - last_time) as f64);
+            last_time = e.time_us;
+        }
+        match e.kind {
+            EventKind::Alloc { id, bytes, stream } => {
+                ensure_stream(&mut t, stream, index)?;
+                let h = t.alloc(bytes, stream).map_err(fail(index))?;
+                if live.insert(id, (h, stream, bytes)).is_some() {
+                    return Err(ReplayError::Trace {
+                        index,
+                        what: format!("tensor {id} allocated twice"),
+                    });
+                }
+                requested += bytes;
+                allocs += 1;
+                peak_requested = peak_requested.max(requested);
+            }
+            EventKind::Free { id } => {
+                let (h, stream, bytes) = live.remove(&id).ok_or_else(|| ReplayError::Trace {
+                    index,
+                    what: format!("free of tensor {id}, which is not live"),
+                })?;
+                t.free(h, stream).map_err(fail(index))?;
+                requested -= bytes;
+                frees += 1;
+            }
+            EventKind::Access { .. } | EventKind::IterationBoundary => {}
+        }
+        events += 1;
+        let pr = t.peak_reserved();
+        if pr > last_peak {
+            last_peak = pr;
+            frag_at_peak = frag(&t).unwrap_or(0.0);
+            max_frag = max_frag.max(frag_at_peak);
+        } else if index.is_multiple_of(256) {
+            if let Some(f) = frag(&t) {
+                max_frag = max_frag.max(f);
+            }
+        }
+        if opts.check_every > 0 && index.is_multiple_of(opts.check_every) {
+            t.check().map_err(fail(index))?;
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    if opts.check_every > 0 {
+        t.check().map_err(fail(trace.events.len() as u64))?;
+    }
+    let extra = t.extra();
+    let internal_waste_at_peak = extra
+        .get("internal_waste_at_peak")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0);
+    let peak_reserved = t.peak_reserved();
+    Ok(ReplayReport {
+        trace: trace.meta.name.clone(),
+        policy: opts.policy,
+        device: opts.device,
+        events,
+        allocs,
+        frees,
+        static_blocks: trace.static_blocks.len() as u64,
+        peak_requested_bytes: peak_requested,
+        peak_reserved_bytes: peak_reserved,
+        reserved_overhead: if peak_requested == 0 {
+            0.0
+        } else {
+            peak_reserved as f64 / peak_requested as f64 - 1.0
+        },
+        device_allocs: t.device_allocs(),
+        device_frees: t.device_frees(),
+        max_fragmentation: max_frag,
+        fragmentation_at_peak: frag_at_peak,
+        events_per_sec: if wall > 0.0 {
+            events as f64 / wall
+        } else {
+            0.0
+        },
+        wall_secs: wall,
+        device_time_us: t.device_time_us(),
+        internal_waste_at_peak,
+        extra,
+    })
+}

@@ -1,0 +1,148 @@
+//! Bad input and device failures: typed errors, never a panic, and a consistent
+//! allocator afterwards.
+
+use memcast_alloc::backend::layers::{FailOnDemand, Limit};
+use memcast_alloc::backend::sim::SimBackend;
+use memcast_alloc::backend::{DevicePtr, StreamPriority};
+use memcast_alloc::config::AllocConfig;
+use memcast_alloc::{AllocError, Allocator};
+
+const MIB: u64 = 1 << 20;
+
+fn sim() -> Allocator<SimBackend> {
+    Allocator::new(
+        SimBackend::new(1 << 30, Default::default()),
+        AllocConfig::default(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn bad_requests_are_typed_errors() {
+    let mut a = sim();
+    assert_eq!(a.allocate(0, 0), Err(AllocError::ZeroSize));
+    assert!(matches!(
+        a.allocate(2 << 30, 0),
+        Err(AllocError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        a.allocate(100, 7),
+        Err(AllocError::UnknownStream(7))
+    ));
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn double_free_wrong_stream_and_foreign_pointers_are_refused() {
+    let mut a = sim();
+    let s1 = a.create_stream(StreamPriority::Normal).unwrap();
+    for bytes in [100, 3 * MIB] {
+        let x = a.allocate(bytes, 0).unwrap();
+        assert!(
+            matches!(a.deallocate(x, s1), Err(AllocError::WrongStream { owner: 0, given, .. }) if given == s1)
+        );
+        a.deallocate(x, 0).unwrap();
+        assert!(matches!(
+            a.deallocate(x, 0),
+            Err(AllocError::DoubleFree { .. })
+        ));
+        assert!(matches!(
+            a.deallocate_ptr(x.ptr, 0),
+            Err(AllocError::DoubleFree { .. }) | Err(AllocError::UnknownAllocation { .. })
+        ));
+        a.check_invariants().unwrap();
+    }
+    let y = a.allocate(5 * MIB, 0).unwrap();
+    // Never handed out: an arbitrary address, an interior pointer.
+    assert!(matches!(
+        a.deallocate_ptr(DevicePtr(12345), 0),
+        Err(AllocError::UnknownAllocation { .. })
+    ));
+    assert!(matches!(
+        a.deallocate_ptr(y.ptr.offset(256), 0),
+        Err(AllocError::UnknownAllocation { .. })
+    ));
+    // A handle of another allocator.
+    let mut b = sim();
+    let z = b.allocate(64, 0).unwrap();
+    assert!(a.deallocate(z, 0).is_err());
+    a.check_invariants().unwrap();
+    a.deallocate(y, 0).unwrap();
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn device_oom_is_recoverable_and_leaves_the_allocator_consistent() {
+    let (fail, switch) = FailOnDemand::new(SimBackend::new(1 << 30, Default::default()));
+    let mut a = Allocator::new(fail, AllocConfig::default()).unwrap();
+    let keep = a.allocate(3 * MIB, 0).unwrap();
+    let slab_warm = a.allocate(1000, 0).unwrap();
+    switch.fail_all_allocs(true);
+    // Needs new device memory: fails as out-of-memory, after one release-and-retry.
+    let e = a.allocate(64 * MIB, 0).unwrap_err();
+    assert!(matches!(e, AllocError::OutOfMemory { .. }), "{e}");
+    assert_eq!(a.stats().ooms, 1);
+    assert!(a.stats().oom_retries >= 1);
+    a.check_invariants().unwrap();
+    // Small requests still served from reserved memory (the slab made above).
+    let small = a.allocate(1000, 0).unwrap();
+    a.deallocate(slab_warm, 0).unwrap();
+    switch.fail_all_allocs(false);
+    let big = a.allocate(64 * MIB, 0).unwrap();
+    for x in [keep, small, big] {
+        a.deallocate(x, 0).unwrap();
+    }
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn oom_releases_cached_memory_and_retries() {
+    // A 64 MiB device: fill it, free, then ask for a different size that only fits
+    // once the cached segments go back to the device.
+    for growable in [false, true] {
+        let cfg = AllocConfig {
+            growable_segments: growable,
+            ..AllocConfig::default()
+        };
+        let mut a = Allocator::new(Limit::new(SimBackend::h200(), 64 * MIB), cfg).unwrap();
+        let xs: Vec<_> = (0..6).map(|_| a.allocate(10 * MIB, 0).unwrap()).collect();
+        for x in xs {
+            a.deallocate(x, 0).unwrap();
+        }
+        let y = a.allocate(60 * MIB, 0).unwrap();
+        a.check_invariants().unwrap();
+        a.deallocate(y, 0).unwrap();
+        // More than the device: an error, not a panic.
+        assert!(matches!(
+            a.allocate(63 * MIB, 0)
+                .map(|_| ())
+                .and(a.allocate(10 * MIB, 0).map(|_| ())),
+            Err(AllocError::OutOfMemory { .. })
+        ));
+        a.check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn cross_stream_frees_wait_for_events() {
+    let mut a = sim();
+    let s1 = a.create_stream(StreamPriority::Normal).unwrap();
+    let x = a.allocate(4 * MIB, 0).unwrap();
+    a.record_stream(&x, s1).unwrap();
+    a.deallocate(x, 0).unwrap();
+    assert_eq!(a.stats().deferred_frees, 1);
+    a.check_invariants().unwrap();
+    let y = a.allocate(4 * MIB, 0).unwrap();
+    a.deallocate(y, 0).unwrap();
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().reserved.current, 0);
+}
+
+#[test]
+fn conf_string_errors_are_config_errors() {
+    let e = AllocConfig::default()
+        .with_conf_string("growth_factor:0.5")
+        .unwrap_err();
+    assert!(matches!(e, AllocError::Config(_)));
+}

@@ -1,0 +1,84 @@
+//! End-to-end tests of `memcast replay` on the bundled real traces.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn memcast(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memcast"))
+        .args(args)
+        .output()
+        .expect("run memcast")
+}
+
+fn bundled(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("training-data/traces")
+        .join(format!("{name}.mctrace"))
+        .display()
+        .to_string()
+}
+
+fn replay_json(args: &[&str]) -> serde_json::Value {
+    let o = memcast(args);
+    assert!(
+        o.status.success(),
+        "memcast {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).expect("one JSON object")
+}
+
+#[test]
+fn replay_json_has_the_metrics_and_memcast_beats_pytorch() {
+    let t = bundled("resnet50_b64_train");
+    let m = replay_json(&[
+        "replay",
+        &t,
+        "--policy",
+        "memcast",
+        "--json",
+        "--check-every",
+        "1",
+    ]);
+    for key in [
+        "peak_requested_bytes",
+        "peak_reserved_bytes",
+        "reserved_overhead",
+        "device_allocs",
+        "device_frees",
+        "max_fragmentation",
+        "events",
+        "events_per_sec",
+    ] {
+        assert!(m.get(key).is_some(), "missing {key}");
+    }
+    let overhead = m["reserved_overhead"].as_f64().unwrap();
+    assert!(overhead <= 0.02, "memcast overhead {overhead}");
+    let p = replay_json(&["replay", &t, "--policy", "pytorch", "--json"]);
+    assert_eq!(p["peak_requested_bytes"], m["peak_requested_bytes"]);
+    assert!(p["reserved_overhead"].as_f64().unwrap() > overhead);
+    let n = replay_json(&[
+        "replay", &t, "--policy", "naive", "--device", "host", "--json",
+    ]);
+    assert_eq!(n["device_allocs"], n["allocs"]);
+    // The host device holds real memory: the same result as on sim.
+    let h = replay_json(&["replay", &t, "--device", "host", "--json"]);
+    assert_eq!(h["peak_reserved_bytes"], m["peak_reserved_bytes"]);
+}
+
+#[test]
+fn replay_reports_bad_input_without_panicking() {
+    for args in [
+        vec!["replay", "/nonexistent/trace.mctrace"],
+        vec!["replay", "Cargo.toml"],
+    ] {
+        let o = memcast(&args);
+        assert!(!o.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let t = bundled("resnet50_b64_train");
+    let o = memcast(&["replay", &t, "--conf", "growth_factor:0.5"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("growth_factor"));
+}
