@@ -34,7 +34,7 @@ pub enum TraceCommand {
         json: bool,
     },
     /// Generate a synthetic trace from a computation graph.
-    Gen(super::gen::GenArgs),
+    Gen(Box<super::gen::GenArgs>),
     /// Write the step features of a trace as CSV (the predictor's input).
     Features {
         file: PathBuf,
@@ -134,7 +134,7 @@ pub fn run(c: TraceCommand) -> Result<()> {
                 print_stats(&s);
             }
         }
-        TraceCommand::Gen(args) => super::gen::run(args)?,
+        TraceCommand::Gen(args) => super::gen::run(*args)?,
         TraceCommand::Features {
             file,
             output,

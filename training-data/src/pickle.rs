@@ -671,7 +671,9 @@ mod tests {
         assert!(e.contains("memo key 5"), "{e}");
         let e = parse(b"\x80\x04(.").expect_err("open mark").to_string();
         assert!(e.contains("MARK"), "{e}");
-        let e = parse(b"\x80\x04K\x01(K\x02u.").expect_err("not a dict").to_string();
+        let e = parse(b"\x80\x04K\x01(K\x02u.")
+            .expect_err("not a dict")
+            .to_string();
         assert!(e.contains("SETITEM(S) on a int"), "{e}");
     }
 

@@ -29,8 +29,8 @@ fn independent() -> Vec<serde_json::Value> {
 }
 
 fn pytorch_peak_allocated(name: &str) -> u64 {
-    let f = std::fs::read_to_string(manifest().join("traces/pytorch_allocator_figures.jsonl"))
-        .unwrap();
+    let f =
+        std::fs::read_to_string(manifest().join("traces/pytorch_allocator_figures.jsonl")).unwrap();
     f.lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .find(|v| v["name"] == name && v["allocator"] == "pytorch-native")
