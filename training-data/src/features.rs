@@ -147,7 +147,9 @@ pub struct Step {
 /// [`base_forecast`](Self::base_forecast) give the seasonal forecasts for that step.
 ///
 /// Invariant: `cur.len() == step_in_iteration of the next step`,
-/// `live == static_bytes + sum(alloc bytes) - sum(freed bytes)` over pushed events.
+/// `live == static_bytes + sum(alloc bytes) - sum(freed bytes)` over pushed events
+/// `== sum(live_sizes)`, `open_allocs < allocs_per_step`,
+/// `cur_requested == sum(cur[..][CH_TOTAL])` (see [`check_invariants`](Self::check_invariants)).
 #[derive(Debug, Clone)]
 pub struct StepFeaturizer {
     cfg: StepConfig,
@@ -278,6 +280,24 @@ impl StepFeaturizer {
                 step
             }
         }
+    }
+
+    /// Checks the invariants in the type's docs (O(live tensors); tests call it).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let sum: u64 = self
+            .live_sizes
+            .values()
+            .fold(0u64, |a, &b| a.saturating_add(b));
+        if sum != self.live {
+            return Err(format!("live {} != sum of live tensors {sum}", self.live));
+        }
+        if self.open_allocs >= self.cfg.allocs_per_step {
+            return Err(format!("open step holds {} allocations", self.open_allocs));
+        }
+        if self.cur_requested != self.cur.iter().map(|v| v[CH_TOTAL]).sum::<u64>() {
+            return Err("cur_requested differs from the current iteration's steps".into());
+        }
+        Ok(())
     }
 
     /// Closes the open step at the end of the events (a partial last step), if any.

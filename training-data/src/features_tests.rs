@@ -199,6 +199,7 @@ fn online_equals_offline() {
         if let Some(s) = f.push(e) {
             online.push((s, (1..=4).map(|h| f.base_forecast(h)).collect::<Vec<_>>()));
         }
+        f.check_invariants().unwrap();
     }
     if let Some(s) = f.finish() {
         online.push((s, (1..=4).map(|h| f.base_forecast(h)).collect()));
