@@ -17,8 +17,8 @@ pub struct ModelConfig {
     pub features: usize,
     /// Demand channels forecast per step ([`CHANNELS`]). Default 8.
     pub channels: usize,
-    /// LSTM hidden size. Default 32: one step + forecast costs 4*32*(16+32) + 32*40
-    /// = 7.4k multiply-adds,
+    /// LSTM hidden size. Default 32: one step + forecast costs 4*32*(18+32) + 32*40
+    /// = 7.7k multiply-adds,
     /// well inside the 10 us budget of embedded inference.
     pub hidden: usize,
     /// Stacked LSTM layers. Default 1.

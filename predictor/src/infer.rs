@@ -2,7 +2,7 @@
 //! time with its state carried and returns the N-step forecast.
 //!
 //! Cost per step: `4H (F + H) + H O` multiply-adds plus `5H` transcendental functions;
-//! with the default (F 16, H 32, O 40) about 7.4k multiply-adds. No allocation after
+//! with the default (F 18, H 32, O 40) about 7.7k multiply-adds. No allocation after
 //! construction: every buffer is sized once.
 
 use memcast_trace::features::{Step, StepFeaturizer, CHANNELS, FEATURES, F_HAS_PREV};
