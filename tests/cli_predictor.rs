@@ -1,0 +1,136 @@
+//! End-to-end tests of the predictor commands: train, eval, export, predict, and their
+//! errors on bad input.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn memcast(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memcast"))
+        .args(args)
+        .output()
+        .expect("run memcast")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = memcast(args);
+    assert!(
+        o.status.success(),
+        "memcast {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn fails(args: &[&str]) -> String {
+    let o = memcast(args);
+    assert!(!o.status.success(), "memcast {args:?} should fail");
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+fn bundled(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("training-data/traces")
+        .join(format!("{name}.mctrace"))
+        .display()
+        .to_string()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("memcast-cli-pred-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+#[test]
+fn eval_json_compares_the_lstm_with_every_baseline() {
+    let out = ok(&[
+        "eval",
+        "--trace",
+        &bundled("gpt2_dynbatch_s512_train_bf16"),
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["horizon"], 5);
+    for m in ["lstm", "last_value", "moving_average", "seasonal_naive"] {
+        for k in ["wape", "mae", "under_rate"] {
+            assert!(v["models"][m][k].is_number(), "{m}.{k} in {v}");
+        }
+    }
+}
+
+#[test]
+fn train_export_and_eval_a_small_model() {
+    let dir = tmp("model");
+    ok(&[
+        "train",
+        "--traces",
+        &bundled("resnet50_multiscale_b32_train"),
+        &bundled("bert_dynseq_b16_train"),
+        "--epochs",
+        "2",
+        "--hidden",
+        "8",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    for f in ["config.json", "model.safetensors", "metrics.json"] {
+        assert!(dir.join(f).exists(), "{f} missing");
+    }
+    let st = tmp("m.safetensors");
+    ok(&[
+        "export",
+        "--model",
+        dir.to_str().unwrap(),
+        "--format",
+        "safetensors",
+        "-o",
+        st.to_str().unwrap(),
+    ]);
+    let bytes = std::fs::read(&st).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    assert!(
+        header
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|k| k.starts_with("lstm.0.")),
+        "{header}"
+    );
+    ok(&[
+        "eval",
+        "--model",
+        dir.to_str().unwrap(),
+        "--trace",
+        &bundled("resnet50_b64_train"),
+    ]);
+}
+
+#[test]
+fn bad_models_and_backends_are_clear_errors() {
+    let bad = tmp("bad-model");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(bad.join("config.json"), "{not json").unwrap();
+    std::fs::write(bad.join("model.safetensors"), b"garbage").unwrap();
+    let e = fails(&[
+        "eval",
+        "--model",
+        bad.to_str().unwrap(),
+        "--trace",
+        &bundled("resnet50_b64_train"),
+    ]);
+    assert!(e.contains("bad-model"), "{e}");
+    // This machine (and CI) has no GPU: either the feature is missing or the driver is.
+    let e = fails(&[
+        "train",
+        "--traces",
+        &bundled("resnet50_b64_train"),
+        "--backend",
+        "cuda",
+        "-o",
+        tmp("x").to_str().unwrap(),
+    ]);
+    assert!(e.contains("CUDA") || e.contains("cuda"), "{e}");
+}
