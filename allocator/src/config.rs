@@ -64,6 +64,10 @@ pub struct AllocConfig {
     /// and grows by the schedule (halved per burst); an isolated one by its deficit
     /// only. `u64::MAX` = always the schedule (classic doubling with factor 2).
     pub growth_burst_window: u64,
+    /// Growth chunk of the small-object (slab) segments, at least the deficit; 0 = the
+    /// same schedule as the large-run segments. 8 MiB: the smallest that costs no
+    /// device allocation on any shared trace (docs/allocator.md).
+    pub growth_small_chunk: u64,
     /// Deferred or immediate coalescing of freed runs.
     pub coalesce: Coalesce,
     /// Deferred coalescing: merge the cache when it holds more runs than this.
@@ -99,6 +103,7 @@ impl Default for AllocConfig {
             growth_factor: 1.0,
             growth_cap: 1 << 30,
             growth_burst_window: u64::MAX,
+            growth_small_chunk: 8 << 20,
             coalesce: Coalesce::Deferred,
             cache_max_runs: 4096,
             cache_max_fraction: 0.5,
@@ -176,6 +181,7 @@ impl AllocConfig {
                 "growth_factor" => self.growth_factor = num(v)?,
                 "growth_cap" => self.growth_cap = parse_bytes(v)?,
                 "growth_burst_window" => self.growth_burst_window = int(v)?,
+                "growth_small_chunk" => self.growth_small_chunk = parse_bytes(v)?,
                 "coalesce" => {
                     self.coalesce = match v {
                         "immediate" => Coalesce::Immediate,

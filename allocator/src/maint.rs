@@ -94,6 +94,7 @@ impl<B: DeviceBackend> Allocator<B> {
         request: u64,
         deficit: u64,
         growable: bool,
+        small: bool,
     ) -> u64 {
         let granule = self.granule();
         let available = self.backend.capacity().saturating_sub(self.backend.used());
@@ -108,6 +109,7 @@ impl<B: DeviceBackend> Allocator<B> {
             granule,
             available,
             growable,
+            small,
         };
         let want = self
             .growth
@@ -162,7 +164,9 @@ impl<B: DeviceBackend> Allocator<B> {
                     available: room,
                 });
             }
-            let mut add = self.growth_bytes(stream, len, deficit, true).min(room);
+            let mut add = self
+                .growth_bytes(stream, len, deficit, true, small)
+                .min(room);
             if let Err(e) = self.backend.grow(DevicePtr(base), mapped, add) {
                 if add == deficit || !e.is_oom() {
                     return Err(e);
@@ -181,7 +185,7 @@ impl<B: DeviceBackend> Allocator<B> {
             Ok((seg, off))
         } else {
             let deficit = len.next_multiple_of(granule);
-            let mut size = self.growth_bytes(stream, len, deficit, false);
+            let mut size = self.growth_bytes(stream, len, deficit, false, small);
             let base = match self.backend.allocate(size, stream) {
                 Ok(b) => b,
                 Err(e) if e.is_oom() && size > deficit => {

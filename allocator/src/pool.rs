@@ -163,6 +163,7 @@ pub struct Allocator<B: DeviceBackend> {
     pub(crate) pending: Vec<PendingFree>,
     pub(crate) pending_bytes: u64,
     pub(crate) stats: AllocStats,
+    /// Allocations left until the next latency sample.
     pub(crate) sample: u32,
 }
 
@@ -178,12 +179,15 @@ impl<B: DeviceBackend> std::fmt::Debug for Allocator<B> {
 impl<B: DeviceBackend> Allocator<B> {
     /// An allocator with the reactive policies the config describes.
     pub fn new(backend: B, cfg: AllocConfig) -> Result<Self, AllocError> {
-        let growth = Box::new(ReactiveGrowth::new(
-            cfg.growth_initial,
-            cfg.growth_factor,
-            cfg.growth_cap,
-            cfg.growth_burst_window,
-        ));
+        let growth = Box::new(
+            ReactiveGrowth::new(
+                cfg.growth_initial,
+                cfg.growth_factor,
+                cfg.growth_cap,
+                cfg.growth_burst_window,
+            )
+            .small_chunk((cfg.growth_small_chunk > 0).then_some(cfg.growth_small_chunk)),
+        );
         let release: Box<dyn ReleasePolicy> = match cfg.release {
             Release::OnOom => Box::new(KeepUntilOom),
             Release::Immediate => Box::new(ReleaseImmediately),
@@ -214,7 +218,7 @@ impl<B: DeviceBackend> Allocator<B> {
             pending: Vec::new(),
             pending_bytes: 0,
             stats: AllocStats::default(),
-            sample: 0,
+            sample: cfg.latency_sample_every,
             cfg,
         })
     }
@@ -314,9 +318,16 @@ impl<B: DeviceBackend> Allocator<B> {
         if !self.pending.is_empty() {
             self.process_pending(false)?;
         }
-        self.sample = self.sample.wrapping_add(1);
-        let timed = self.cfg.latency_sample_every > 0
-            && self.sample.is_multiple_of(self.cfg.latency_sample_every);
+        // A countdown to the next sampled allocation (no division per call).
+        let timed = self.cfg.latency_sample_every > 0 && {
+            self.sample = self.sample.saturating_sub(1);
+            if self.sample == 0 {
+                self.sample = self.cfg.latency_sample_every;
+                true
+            } else {
+                false
+            }
+        };
         let t0 = timed.then(std::time::Instant::now);
         let r = if bytes < self.classes.small_max() {
             self.alloc_small(bytes, stream)
