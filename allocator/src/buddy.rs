@@ -169,19 +169,28 @@ impl BuddyPool {
         debug_assert_eq!(l, Some(_len));
     }
 
-    /// `[off, off + len)` of `seg` became free: merge it with the adjacent extents.
-    fn ext_add_free(&mut self, seg: u32, mut off: u64, mut len: u64) {
-        if let Some(o) = self.ext.start_ending_at(seg, off) {
-            let l = off - o;
-            self.ext_remove(seg, o, l);
-            off = o;
-            len += l;
+    /// `[off, off + len)` of `seg` became free: merge it with the adjacent extents
+    /// (in place: a neighbour is reshaped rather than removed and re-inserted).
+    fn ext_add_free(&mut self, seg: u32, off: u64, len: u64) {
+        let prev = self.ext.index_ending_at(seg, off);
+        let next = self.ext.index_starting_at(seg, off + len);
+        match (prev, next) {
+            (Some(p), Some(n)) => {
+                let (po, pl) = self.ext.span(p);
+                let (no, nl) = self.ext.span(n);
+                self.ext_remove(seg, no, nl);
+                self.ext.reshape(p, po, pl + len + nl);
+            }
+            (Some(p), None) => {
+                let (po, pl) = self.ext.span(p);
+                self.ext.reshape(p, po, pl + len);
+            }
+            (None, Some(n)) => {
+                let (_, nl) = self.ext.span(n);
+                self.ext.reshape(n, off, len + nl);
+            }
+            (None, None) => self.ext_insert(seg, off, len),
         }
-        if let Some(l) = self.ext.get(seg, off + len) {
-            self.ext_remove(seg, off + len, l);
-            len += l;
-        }
-        self.ext_insert(seg, off, len);
     }
 
     /// The free extent `(start, len)` of `seg` holding `[off, off + len)`. O(1) when the
@@ -200,8 +209,27 @@ impl BuddyPool {
             .map(|(_, _, o, l)| (o, l))
     }
 
-    /// `[off, off + len)` of `seg` (inside one free extent) is taken.
+    /// `[off, off + len)` of `seg` (inside one free extent) is taken. The extent is
+    /// reshaped in place when the range starts or ends it (best fit, growth and
+    /// trimming always do).
     fn ext_take(&mut self, seg: u32, off: u64, len: u64) {
+        if let Some(i) = self.ext.index_starting_at(seg, off) {
+            let (_, l) = self.ext.span(i);
+            assert!(len <= l, "taken range lies in a free extent");
+            if len == l {
+                self.ext_remove(seg, off, l);
+            } else {
+                self.ext.reshape(i, off + len, l - len);
+            }
+            return;
+        }
+        if let Some(i) = self.ext.index_ending_at(seg, off + len) {
+            let (o, _) = self.ext.span(i);
+            if o <= off {
+                self.ext.reshape(i, o, off - o);
+                return;
+            }
+        }
         let (o, l) = self
             .ext_containing(seg, off, len)
             .expect("taken range lies in a free extent");

@@ -103,10 +103,37 @@ impl Extents {
     /// Removes the extent starting at `(seg, off)`; returns its length.
     pub fn remove(&mut self, seg: u32, off: u64) -> Option<u64> {
         let i = self.by_start.remove(&(seg, off))?;
+        let len = self.recs[i as usize].len;
+        self.by_end.remove(&(seg, off + len));
+        self.unbin(i);
+        self.dead.push(i);
+        Some(len)
+    }
+
+    /// Index of the extent starting at `(seg, off)`.
+    #[inline]
+    pub fn index_starting_at(&self, seg: u32, off: u64) -> Option<u32> {
+        self.by_start.get(&(seg, off)).copied()
+    }
+
+    /// Index of the extent ending at `(seg, end)`.
+    #[inline]
+    pub fn index_ending_at(&self, seg: u32, end: u64) -> Option<u32> {
+        self.by_end.get(&(seg, end)).copied()
+    }
+
+    /// `(offset, length)` of extent `i`.
+    #[inline]
+    pub fn span(&self, i: u32) -> (u64, u64) {
+        let e = &self.recs[i as usize];
+        (e.off, e.len)
+    }
+
+    /// Unlinks extent `i` from its size bin.
+    #[inline]
+    fn unbin(&mut self, i: u32) {
         let e = self.recs[i as usize];
-        self.by_end.remove(&(seg, off + e.len));
-        let k = e.small as usize;
-        let b = bin_of(e.len);
+        let (k, b) = (e.small as usize, bin_of(e.len));
         if e.prev != NIL {
             self.recs[e.prev as usize].next = e.next;
         } else {
@@ -118,8 +145,54 @@ impl Extents {
         if e.next != NIL {
             self.recs[e.next as usize].prev = e.prev;
         }
-        self.dead.push(i);
-        Some(e.len)
+    }
+
+    /// Links extent `i` at the head of its size bin.
+    #[inline]
+    fn bin(&mut self, i: u32) {
+        let (k, b) = {
+            let e = &self.recs[i as usize];
+            (e.small as usize, bin_of(e.len))
+        };
+        let h = self.heads[k][b];
+        {
+            let e = &mut self.recs[i as usize];
+            e.prev = NIL;
+            e.next = h;
+        }
+        if h != NIL {
+            self.recs[h as usize].prev = i;
+        }
+        self.heads[k][b] = i;
+        self.bits[k][b / 64] |= 1 << (b % 64);
+    }
+
+    /// Moves extent `i` (same segment) to `[off, off + len)` in place: only the hash
+    /// keys that change are rewritten, and the bin only if the length's bin changes
+    /// (growing or shrinking an extent at one end rewrites one key, not four).
+    pub fn reshape(&mut self, i: u32, off: u64, len: u64) {
+        debug_assert!(len > 0);
+        let e = self.recs[i as usize];
+        if e.off != off {
+            self.by_start.remove(&(e.seg, e.off));
+            self.by_start.insert((e.seg, off), i);
+        }
+        if e.off + e.len != off + len {
+            self.by_end.remove(&(e.seg, e.off + e.len));
+            self.by_end.insert((e.seg, off + len), i);
+        }
+        let rebin = bin_of(e.len) != bin_of(len);
+        if rebin {
+            self.unbin(i);
+        }
+        {
+            let r = &mut self.recs[i as usize];
+            r.off = off;
+            r.len = len;
+        }
+        if rebin {
+            self.bin(i);
+        }
     }
 
     /// Length of the extent starting at `(seg, off)`.
