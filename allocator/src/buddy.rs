@@ -96,7 +96,11 @@ pub struct BuddyPool {
     /// Place runs best-fit over free extents (true) or by buddy order (false).
     best_fit: bool,
     /// Used runs of segments without a tree: (segment, offset) -> (length, owner).
+    /// Kept only while `index_runs` is on: it serves only lookups by address
+    /// ([`BuddyPool::owner_at`]) and the tiling check, and costs two hash operations
+    /// per run carved and freed.
     runs: FxMap<(u32, u64), (u64, u32)>,
+    index_runs: bool,
 }
 
 /// `[off, off + len)` split into aligned power-of-two pieces, largest first.
@@ -148,6 +152,7 @@ impl BuddyPool {
             ext: Extents::default(),
             best_fit: true,
             runs: FxMap::default(),
+            index_runs: true,
         }
     }
 
@@ -155,6 +160,32 @@ impl BuddyPool {
     /// buddy choice (smallest free block of a sufficient order).
     pub fn set_best_fit(&mut self, on: bool) {
         self.best_fit = on;
+    }
+
+    /// Turns the used-run index of large segments off (dropping it) or on. Turning it
+    /// on takes every used run of those segments as `(segment, offset, length, owner)`:
+    /// the caller knows them (the allocator's records), this pool does not without the
+    /// index. While it is off, [`BuddyPool::owner_at`] answers `None` for large
+    /// segments and the check verifies the extents and byte counts only.
+    pub fn set_run_index(
+        &mut self,
+        on: bool,
+        runs: impl IntoIterator<Item = (u32, u64, u64, u32)>,
+    ) {
+        self.runs.clear();
+        self.index_runs = on;
+        if on {
+            for (seg, off, len, owner) in runs {
+                if !self.segs[seg as usize].tree {
+                    self.runs.insert((seg, off), (len, owner));
+                }
+            }
+        }
+    }
+
+    /// Whether the used-run index of large segments is kept.
+    pub fn run_index(&self) -> bool {
+        self.index_runs
     }
 
     // ----- free extents (placement index) -----
@@ -656,7 +687,9 @@ impl BuddyPool {
             self.set_range(seg, off, len, State::Free, State::Used, owner);
         } else {
             self.free_bytes -= len;
-            self.runs.insert((seg, off), (len, owner));
+            if self.index_runs {
+                self.runs.insert((seg, off), (len, owner));
+            }
         }
         self.segs[seg as usize].used += len;
     }
@@ -668,8 +701,10 @@ impl BuddyPool {
             self.set_range(seg, off, len, State::Used, State::Free, NIL);
         } else {
             self.free_bytes += len;
-            let r = self.runs.remove(&(seg, off));
-            debug_assert_eq!(r.map(|r| r.0), Some(len), "freeing a run that is not one");
+            if self.index_runs {
+                let r = self.runs.remove(&(seg, off));
+                debug_assert_eq!(r.map(|r| r.0), Some(len), "freeing a run that is not one");
+            }
         }
         self.segs[seg as usize].used -= len;
     }
@@ -716,6 +751,33 @@ impl BuddyPool {
         let mut free_seen = 0u64;
         let mut free_nodes = 0usize;
         for (si, s) in self.live_segments() {
+            if !s.tree && !self.index_runs {
+                // Without the run index: free extents lie in [0, mapped), do not
+                // overlap, and with the used bytes add up to the mapped size.
+                let mut spans: Vec<(u64, u64)> = self
+                    .ext
+                    .iter()
+                    .filter(|&(_, s, _, _)| s == si)
+                    .map(|(_, _, o, l)| (o, l))
+                    .collect();
+                spans.sort_unstable();
+                let (mut cur, mut free) = (0u64, 0u64);
+                for (o, l) in spans {
+                    if o < cur || l == 0 {
+                        return Err(format!("segment {si}: free extents overlap at {o}"));
+                    }
+                    cur = o + l;
+                    free += l;
+                }
+                if cur > s.mapped || free + s.used != s.mapped {
+                    return Err(format!(
+                        "segment {si}: free {free} + used {} != mapped {} (or beyond it)",
+                        s.used, s.mapped
+                    ));
+                }
+                free_seen += free;
+                continue;
+            }
             if !s.tree {
                 // Used runs and free extents tile [0, mapped) exactly.
                 let mut spans: Vec<(u64, u64, bool)> = self

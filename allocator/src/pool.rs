@@ -262,6 +262,8 @@ impl<B: DeviceBackend> Allocator<B> {
             buddy: {
                 let mut b = BuddyPool::new(min_block);
                 b.set_best_fit(best_fit);
+                // Built on the first `deallocate_ptr` (`ensure_run_index`).
+                b.set_run_index(false, []);
                 b
             },
             partial: vec![Vec::new(); nclasses],
@@ -543,12 +545,34 @@ impl<B: DeviceBackend> Allocator<B> {
     /// Frees the allocation starting at `ptr` (the CUDA-style API; a tree lookup, so
     /// slower than [`Allocator::deallocate`]). Returns the requested size.
     pub fn deallocate_ptr(&mut self, ptr: DevicePtr, stream: StreamId) -> Result<u64, AllocError> {
+        self.ensure_run_index();
         let a = self.lookup(ptr)?;
         self.deallocate(a, stream)?;
         Ok(a.size)
     }
 
-    /// The live allocation that starts at `ptr`.
+    /// Turns on the used-run index of every pool (the address -> run map of large
+    /// segments). It is off until the first free by pointer, so that allocators used
+    /// through handles only never pay for it (two hash operations per large run).
+    fn ensure_run_index(&mut self) {
+        for (s, pool) in self.pools.iter_mut().enumerate() {
+            let Some(pool) = pool else { continue };
+            if pool.buddy.run_index() {
+                continue;
+            }
+            let runs = self
+                .records
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.state != RecState::Free && !r.slab && r.stream as usize == s)
+                .map(|(id, r)| (r.seg_or_slab, r.off_or_slot, r.size, id as u32));
+            pool.buddy.set_run_index(true, runs);
+        }
+    }
+
+    /// The live allocation that starts at `ptr`. A tree lookup, or a scan of the record
+    /// table for large runs until the first [`Allocator::deallocate_ptr`] builds the
+    /// run index.
     pub fn lookup(&self, ptr: DevicePtr) -> Result<Allocation, AllocError> {
         let unknown = || AllocError::UnknownAllocation {
             what: format!("pointer {ptr}"),
@@ -557,7 +581,16 @@ impl<B: DeviceBackend> Allocator<B> {
             let Some((seg, off)) = pool.buddy.segment_of(ptr.0) else {
                 continue;
             };
-            let owner = pool.buddy.owner_at(seg, off).ok_or_else(unknown)?;
+            let owner = match pool.buddy.owner_at(seg, off) {
+                Some(o) => o,
+                None if !pool.buddy.run_index() && !pool.buddy.segs[seg as usize].tree => {
+                    self.records
+                        .iter()
+                        .position(|r| r.state != RecState::Free && !r.slab && r.ptr == ptr.0)
+                        .ok_or_else(unknown)? as u32
+                }
+                None => return Err(unknown()),
+            };
             let id = if owner != NIL && owner & SLAB_TAG != 0 {
                 let slab = &self.slabs[(owner & !SLAB_TAG) as usize];
                 let rel = ptr.0 - slab.base;

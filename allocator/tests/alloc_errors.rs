@@ -146,3 +146,40 @@ fn conf_string_errors_are_config_errors() {
         .unwrap_err();
     assert!(matches!(e, AllocError::Config(_)));
 }
+
+/// `lookup` answers the same before the run index exists (a record scan) and after the
+/// first `deallocate_ptr` builds it.
+#[test]
+fn lookup_by_pointer_is_the_same_with_and_without_the_run_index() {
+    let mut a = sim();
+    let big: Vec<_> = (1..6)
+        .map(|i| a.allocate(i * MIB + 512, 0).unwrap())
+        .collect();
+    let small = a.allocate(1000, 0).unwrap();
+    a.deallocate(big[1], 0).unwrap();
+    let probe = |a: &Allocator<SimBackend>| {
+        let mut out = Vec::new();
+        for x in big.iter().chain([&small]) {
+            out.push(format!("{:?}", a.lookup(x.ptr)));
+            out.push(format!("{:?}", a.lookup(x.ptr.offset(256))));
+        }
+        out.push(format!("{:?}", a.lookup(DevicePtr(12345))));
+        out
+    };
+    let before = probe(&a);
+    assert!(a.lookup(big[0].ptr).is_ok());
+    assert!(a.lookup(big[0].ptr.offset(256)).is_err());
+    assert!(a.lookup(big[1].ptr).is_err());
+    assert_eq!(a.deallocate_ptr(big[2].ptr, 0).unwrap(), big[2].size);
+    a.check_invariants().unwrap();
+    let mut after = probe(&a);
+    // big[2] is freed now: compare everything else.
+    after[4] = before[4].clone();
+    after[5] = before[5].clone();
+    assert_eq!(before, after);
+    for x in [big[0], big[3], big[4]] {
+        assert_eq!(a.deallocate_ptr(x.ptr, 0).unwrap(), x.size);
+    }
+    a.deallocate(small, 0).unwrap();
+    a.check_invariants().unwrap();
+}
