@@ -209,3 +209,48 @@ fn demo_runs_on_bundled_data() {
         assert!(out.contains(name), "{out}");
     }
 }
+
+#[test]
+fn gen_is_deterministic_and_rejects_bad_parameters() {
+    let args = |out: &Path| {
+        vec![
+            "trace".to_string(),
+            "gen".into(),
+            "--family".into(),
+            "transformer".into(),
+            "--depth".into(),
+            "2".into(),
+            "--dynamic".into(),
+            "seq".into(),
+            "--values".into(),
+            "128,256".into(),
+            "--iterations".into(),
+            "4".into(),
+            "--seed".into(),
+            "3".into(),
+            "-o".into(),
+            out.display().to_string(),
+        ]
+    };
+    let (a, b) = (tmp("gen_a.mctrace"), tmp("gen_b.mctrace"));
+    for p in [&a, &b] {
+        let v = args(p);
+        ok(&v.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    let st: serde_json::Value =
+        serde_json::from_str(ok(&["trace", "stats", s(&a), "--json"]).trim()).unwrap();
+    assert_eq!(st["iterations"], 4);
+    assert!(st["accesses"].as_u64().unwrap() > 0);
+    let e = fails(&[
+        "trace",
+        "gen",
+        "--family",
+        "cnn",
+        "--depth",
+        "7",
+        "-o",
+        s(&tmp("bad.mctrace")),
+    ]);
+    assert!(e.contains("ResNet depth 7"), "{e}");
+}
