@@ -1,47 +1,9 @@
 //! End-to-end tests of the predictor commands: train, eval, export, predict, and their
 //! errors on bad input.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn memcast(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memcast"))
-        .args(args)
-        .output()
-        .expect("run memcast")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = memcast(args);
-    assert!(
-        o.status.success(),
-        "memcast {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).unwrap()
-}
-
-fn fails(args: &[&str]) -> String {
-    let o = memcast(args);
-    assert!(!o.status.success(), "memcast {args:?} should fail");
-    let err = String::from_utf8(o.stderr).unwrap();
-    assert!(!err.contains("panicked"), "{err}");
-    err
-}
-
-fn bundled(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("training-data/traces")
-        .join(format!("{name}.mctrace"))
-        .display()
-        .to_string()
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("memcast-cli-pred-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
-}
+use common::{bundled, fails, ok, tmp};
 
 #[test]
 fn eval_json_compares_the_lstm_with_every_baseline() {

@@ -1,22 +1,8 @@
 //! End-to-end tests of `memcast replay` on the bundled real traces.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn memcast(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memcast"))
-        .args(args)
-        .output()
-        .expect("run memcast")
-}
-
-fn bundled(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("training-data/traces")
-        .join(format!("{name}.mctrace"))
-        .display()
-        .to_string()
-}
+use common::{bundled, memcast};
 
 fn replay_json(args: &[&str]) -> serde_json::Value {
     let o = memcast(args);

@@ -1,50 +1,10 @@
 //! End-to-end tests of the `memcast` binary's trace commands and the demo.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn memcast(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memcast"))
-        .args(args)
-        .output()
-        .expect("run memcast")
-}
+use std::path::Path;
 
-fn ok(args: &[&str]) -> String {
-    let o = memcast(args);
-    assert!(
-        o.status.success(),
-        "memcast {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).unwrap()
-}
-
-fn fails(args: &[&str]) -> String {
-    let o = memcast(args);
-    assert!(!o.status.success(), "memcast {args:?} should fail");
-    let err = String::from_utf8(o.stderr).unwrap();
-    assert!(!err.contains("panicked"), "{err}");
-    err
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn bundled(name: &str) -> String {
-    repo()
-        .join("training-data/traces")
-        .join(format!("{name}.mctrace"))
-        .display()
-        .to_string()
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("memcast-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
-}
+use common::{bundled, fails, ok, repo, tmp};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
