@@ -152,14 +152,13 @@ pub fn run(c: TraceCommand) -> Result<()> {
             import,
         } => {
             let t = import.load(&file)?;
-            let f = std::fs::File::create(&output)
+            let mut f = std::fs::File::create(&output)
                 .with_context(|| format!("cannot create {}", output.display()))?;
             let format = match format {
                 ExportFormat::Csv => TextFormat::Csv,
                 ExportFormat::Jsonl => TextFormat::JsonLines,
             };
-            let mut w = f;
-            write_text(&t, format, &mut w)
+            write_text(&t, format, &mut f)
                 .with_context(|| format!("writing {}", output.display()))?;
         }
         TraceCommand::Plot {

@@ -73,7 +73,6 @@ fn main() {
     }
 }
 
-#[allow(dead_code)]
 fn parse_only(data: &[u8]) -> f64 {
     let t = Instant::now();
     let v = memcast_trace::pickle::parse(data).expect("parse");

@@ -274,9 +274,16 @@ impl<'a> Parser<'a> {
         Ok(self.take(N)?.try_into().expect("take returns N bytes"))
     }
 
+    /// Stack position of the last MARK (0 without one): values below it are not
+    /// reachable by the current opcode.
+    #[inline]
+    fn base(&self) -> usize {
+        self.marks.last().copied().unwrap_or(0)
+    }
+
     #[inline]
     fn pop(&mut self, at: usize) -> Result<Handle, TraceError> {
-        if self.stack.len() <= self.marks.last().copied().unwrap_or(0) && !self.marks.is_empty() {
+        if !self.marks.is_empty() && self.stack.len() <= self.base() {
             return Err(self.err(at, "found a MARK where a value was expected"));
         }
         self.stack
@@ -287,7 +294,7 @@ impl<'a> Parser<'a> {
     #[inline]
     fn top(&self, at: usize) -> Result<Handle, TraceError> {
         match self.stack.last() {
-            Some(&h) if self.marks.last().is_none_or(|&m| self.stack.len() > m) => Ok(h),
+            Some(&h) if self.marks.is_empty() || self.stack.len() > self.base() => Ok(h),
             _ => Err(self.err(at, "no value on the stack")),
         }
     }
@@ -471,7 +478,7 @@ impl<'a> Parser<'a> {
                     // SETITEMS, APPENDS, ADDITEMS
                     let from = self.pop_mark(at)?;
                     let target = match from.checked_sub(1).map(|i| self.stack[i]) {
-                        Some(t) if self.marks.last().is_none_or(|&m| from > m) => t,
+                        Some(t) if self.marks.is_empty() || from > self.base() => t,
                         _ => return Err(self.err(at, "no container below the MARK")),
                     };
                     let kind = if op == b'u' { Kind::Dict } else { Kind::List };
@@ -481,7 +488,7 @@ impl<'a> Parser<'a> {
                 b's' | b'a' => {
                     // SETITEM, APPEND
                     let n = if op == b's' { 2 } else { 1 };
-                    let base = self.marks.last().copied().unwrap_or(0);
+                    let base = self.base();
                     if self.stack.len() < base + n + 1 {
                         return Err(self.err(at, "stack underflow"));
                     }
@@ -561,7 +568,7 @@ impl<'a> Parser<'a> {
                 }
                 0x85..=0x87 => {
                     let n = (op - 0x84) as usize;
-                    let base = self.marks.last().copied().unwrap_or(0);
+                    let base = self.base();
                     if self.stack.len() < base + n {
                         return Err(self.err(at, "stack underflow"));
                     }

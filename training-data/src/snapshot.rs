@@ -20,7 +20,7 @@
 //!   [`EventKind::IterationBoundary`]; its alloc/free pair is dropped unless
 //!   [`SnapshotOptions::keep_marker_allocs`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::error::TraceError;
@@ -228,7 +228,7 @@ struct Builder<'o> {
     live: AddrMap<TensorId>,
     // Raw stream handle -> dense index; 0 always maps to 0.
     streams: AddrMap<StreamId>,
-    markers: AddrMap<()>,
+    markers: HashSet<i64, BuildHasherDefault<AddrHasher>>,
     next_id: TensorId,
     t0: Option<i64>,
     last_t: u64,
@@ -244,7 +244,7 @@ impl<'o> Builder<'o> {
             trace: Trace::default(),
             live: AddrMap::default(),
             streams,
-            markers: AddrMap::default(),
+            markers: HashSet::default(),
             next_id: 0,
             t0: None,
             last_t: 0,
@@ -305,7 +305,7 @@ impl<'o> Builder<'o> {
                 let addr = raw.addr.ok_or_else(|| missing("addr"))?;
                 let bytes = size(raw)?;
                 let stream = self.stream_index(raw.stream.unwrap_or(0));
-                if self.live.contains_key(&addr) || self.markers.contains_key(&addr) {
+                if self.live.contains_key(&addr) || self.markers.contains(&addr) {
                     return Err(TraceError::SnapshotEvent {
                         index,
                         what: format!("alloc at 0x{addr:x}, which is already allocated"),
@@ -316,7 +316,7 @@ impl<'o> Builder<'o> {
                 if is_marker {
                     self.push(t, EventKind::IterationBoundary);
                     if !self.opts.keep_marker_allocs {
-                        self.markers.insert(addr, ());
+                        self.markers.insert(addr);
                         return Ok(());
                     }
                 }
@@ -330,7 +330,7 @@ impl<'o> Builder<'o> {
             }
             "free_completed" => {
                 let addr = raw.addr.ok_or_else(|| missing("addr"))?;
-                if self.markers.remove(&addr).is_some() {
+                if self.markers.remove(&addr) {
                     return Ok(());
                 }
                 let id = match self.live.remove(&addr) {

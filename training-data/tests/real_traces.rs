@@ -29,13 +29,9 @@ fn independent() -> Vec<serde_json::Value> {
 }
 
 fn pytorch_peak_allocated(name: &str) -> u64 {
-    let f =
-        std::fs::read_to_string(manifest().join("traces/pytorch_allocator_figures.jsonl")).unwrap();
-    f.lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .find(|v| v["name"] == name && v["allocator"] == "pytorch-native")
-        .and_then(|v| v["peak_allocated"].as_u64())
+    memcast_trace::bundled::pytorch_figures(name, "pytorch-native")
         .unwrap_or_else(|| panic!("no figures for {name}"))
+        .peak_allocated
 }
 
 fn check(path: &Path, expect: &serde_json::Value) {
