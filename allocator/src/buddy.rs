@@ -58,6 +58,24 @@ struct Node {
     state: State,
 }
 
+/// Where a run can go: offset `off` of segment `seg`, inside free block `free` of the
+/// placement index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spot {
+    pub seg: u32,
+    pub off: u64,
+    pub free: u32,
+}
+
+/// A carved run: its segment, offset, and its block in the placement index (the handle
+/// a free gives back, so that freeing needs no lookup by address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    pub seg: u32,
+    pub off: u64,
+    pub blk: u32,
+}
+
 /// One segment's tree.
 #[derive(Debug, Clone)]
 pub struct Segment {
@@ -186,91 +204,6 @@ impl BuddyPool {
     /// Whether the used-run index of large segments is kept.
     pub fn run_index(&self) -> bool {
         self.index_runs
-    }
-
-    // ----- free extents (placement index) -----
-
-    fn ext_insert(&mut self, seg: u32, off: u64, len: u64) {
-        let small = self.segs[seg as usize].small;
-        self.ext.insert(small, seg, off, len);
-    }
-
-    fn ext_remove(&mut self, seg: u32, off: u64, _len: u64) {
-        let l = self.ext.remove(seg, off);
-        debug_assert_eq!(l, Some(_len));
-    }
-
-    /// `[off, off + len)` of `seg` became free: merge it with the adjacent extents
-    /// (in place: a neighbour is reshaped rather than removed and re-inserted).
-    fn ext_add_free(&mut self, seg: u32, off: u64, len: u64) {
-        let prev = self.ext.index_ending_at(seg, off);
-        let next = self.ext.index_starting_at(seg, off + len);
-        match (prev, next) {
-            (Some(p), Some(n)) => {
-                let (po, pl) = self.ext.span(p);
-                let (no, nl) = self.ext.span(n);
-                self.ext_remove(seg, no, nl);
-                self.ext.reshape(p, po, pl + len + nl);
-            }
-            (Some(p), None) => {
-                let (po, pl) = self.ext.span(p);
-                self.ext.reshape(p, po, pl + len);
-            }
-            (None, Some(n)) => {
-                let (_, nl) = self.ext.span(n);
-                self.ext.reshape(n, off, len + nl);
-            }
-            (None, None) => self.ext_insert(seg, off, len),
-        }
-    }
-
-    /// The free extent `(start, len)` of `seg` holding `[off, off + len)`. O(1) when the
-    /// range starts or ends an extent (best-fit placement, growth, trimming always do);
-    /// otherwise (buddy placement, checks) a scan.
-    fn ext_containing(&self, seg: u32, off: u64, len: u64) -> Option<(u64, u64)> {
-        if let Some(l) = self.ext.get(seg, off) {
-            return (len <= l).then_some((off, l));
-        }
-        if let Some(o) = self.ext.start_ending_at(seg, off + len) {
-            return (o <= off).then_some((o, off + len - o));
-        }
-        self.ext
-            .iter()
-            .find(|&(_, s, o, l)| s == seg && o <= off && off + len <= o + l)
-            .map(|(_, _, o, l)| (o, l))
-    }
-
-    /// `[off, off + len)` of `seg` (inside one free extent) is taken. The extent is
-    /// reshaped in place when the range starts or ends it (best fit, growth and
-    /// trimming always do).
-    fn ext_take(&mut self, seg: u32, off: u64, len: u64) {
-        if let Some(i) = self.ext.index_starting_at(seg, off) {
-            let (_, l) = self.ext.span(i);
-            assert!(len <= l, "taken range lies in a free extent");
-            if len == l {
-                self.ext_remove(seg, off, l);
-            } else {
-                self.ext.reshape(i, off + len, l - len);
-            }
-            return;
-        }
-        if let Some(i) = self.ext.index_ending_at(seg, off + len) {
-            let (o, _) = self.ext.span(i);
-            if o <= off {
-                self.ext.reshape(i, o, off - o);
-                return;
-            }
-        }
-        let (o, l) = self
-            .ext_containing(seg, off, len)
-            .expect("taken range lies in a free extent");
-        self.ext_remove(seg, o, l);
-        if off > o {
-            self.ext_insert(seg, o, off - o);
-        }
-        if o + l > off + len {
-            self.ext_insert(seg, off + len, o + l - off - len);
-        }
     }
 
     pub fn free_bytes(&self) -> u64 {
@@ -486,7 +419,7 @@ impl BuddyPool {
             return false;
         }
         if !s.tree {
-            return self.ext_containing(seg, off, len).is_some();
+            return self.ext.containing(seg, off, len).is_some();
         }
         let mut cur = off;
         let end = off + len;
@@ -575,7 +508,8 @@ impl BuddyPool {
         } else {
             self.free_bytes += add;
         }
-        self.ext_add_free(seg, start, add);
+        let small = self.segs[seg as usize].small;
+        self.ext.append(small, seg, add);
         self.segs[seg as usize].mapped += add;
     }
 
@@ -583,7 +517,7 @@ impl BuddyPool {
     pub fn unmap_tail(&mut self, seg: u32, release: u64) {
         let m = self.segs[seg as usize].mapped;
         debug_assert!(self.is_free_range(seg, m - release, release));
-        self.ext_take(seg, m - release, release);
+        self.ext.trim_tail(seg, release);
         if self.segs[seg as usize].tree {
             self.set_range(seg, m - release, release, State::Free, State::Unmapped, NIL);
         } else {
@@ -592,13 +526,14 @@ impl BuddyPool {
         self.segs[seg as usize].mapped -= release;
     }
 
-    /// Bytes of free space at the end of the mapped prefix of `seg`. O(log extents).
+    /// Bytes of free space at the end of the mapped prefix of `seg`. O(1).
     pub fn trailing_free(&self, seg: u32) -> u64 {
-        let m = self.segs[seg as usize].mapped;
-        if m == 0 {
-            return 0;
-        }
-        self.ext.start_ending_at(seg, m).map_or(0, |o| m - o)
+        self.ext.tail_free(seg)
+    }
+
+    /// The block at the end of `seg`'s mapped prefix (NIL if nothing is mapped).
+    pub fn tail_block(&self, seg: u32) -> u32 {
+        self.ext.last(seg)
     }
 
     /// Removes an entirely free segment; returns (base, mapped).
@@ -606,10 +541,8 @@ impl BuddyPool {
         let s = self.segs[seg as usize].clone();
         assert!(s.live && s.used == 0, "removing a segment in use");
         if !s.tree {
-            if s.mapped > 0 {
-                self.ext_remove(seg, 0, s.mapped);
-                self.free_bytes -= s.mapped;
-            }
+            self.ext.remove_segment(seg);
+            self.free_bytes -= s.mapped;
             self.segs[seg as usize].live = false;
             self.free_segs.push(seg);
             return (s.base, s.mapped);
@@ -632,9 +565,7 @@ impl BuddyPool {
         for c in pairs {
             self.release_pair(c);
         }
-        if s.mapped > 0 {
-            self.ext_remove(seg, 0, s.mapped);
-        }
+        self.ext.remove_segment(seg);
         self.release_pair(s.root);
         self.segs[seg as usize].live = false;
         self.free_segs.push(seg);
@@ -647,13 +578,21 @@ impl BuddyPool {
     /// bounded best-fit scan of the `scan` newest free blocks of order floor(log2 len)
     /// for one followed by enough free space (a run straddling two buddies, no larger
     /// block split), then the smallest free block of order >= ceil(log2 len).
-    /// Returns `(segment, offset)`.
-    pub fn find_run(&self, len: u64, scan: u32, small: bool) -> Option<(u32, u64)> {
+    /// Under best fit (the default): O(1), the run goes at the start of the chosen
+    /// free block. Under buddy placement, finding the free block holding the chosen
+    /// buddy walks that segment's blocks.
+    pub fn find_run(&self, len: u64, scan: u32, small: bool) -> Option<Spot> {
         if self.best_fit {
             // Smallest free extent that fits in segments of the right kind; lowest
             // segment and offset among equals.
-            return self.ext.best_fit(small, len);
+            let free = self.ext.best_fit(small, len)?;
+            let (seg, off, _) = self.ext.span(free);
+            return Some(Spot { seg, off, free });
         }
+        let spot = |seg: u32, off: u64| {
+            let free = self.ext.containing(seg, off, len)?;
+            Some(Spot { seg, off, free })
+        };
         let f = 63 - len.leading_zeros() as u8;
         let exact = len.is_power_of_two();
         let k = if exact { f } else { f + 1 };
@@ -664,7 +603,7 @@ impl BuddyPool {
             while i != NIL && tried < scan {
                 let n = &self.nodes[i as usize];
                 if self.is_free_range(n.seg, n.offset + (1u64 << f), rest) {
-                    return Some((n.seg, n.offset));
+                    return spot(n.seg, n.offset);
                 }
                 i = n.next;
                 tried += 1;
@@ -677,12 +616,13 @@ impl BuddyPool {
         let o = avail.trailing_zeros();
         let i = self.heads[o as usize];
         let n = &self.nodes[i as usize];
-        Some((n.seg, n.offset))
+        spot(n.seg, n.offset)
     }
 
-    /// Marks the free range `[off, off + len)` of `seg` as a Used run tagged `owner`.
-    pub fn carve(&mut self, seg: u32, off: u64, len: u64, owner: u32) {
-        self.ext_take(seg, off, len);
+    /// Marks the free range `[spot.off, spot.off + len)` as a Used run tagged `owner`.
+    pub fn carve(&mut self, spot: Spot, len: u64, owner: u32) -> Run {
+        let Spot { seg, off, free } = spot;
+        let blk = self.ext.take(free, off, len);
         if self.segs[seg as usize].tree {
             self.set_range(seg, off, len, State::Free, State::Used, owner);
         } else {
@@ -692,11 +632,20 @@ impl BuddyPool {
             }
         }
         self.segs[seg as usize].used += len;
+        Run { seg, off, blk }
     }
 
-    /// Frees the Used run `[off, off + len)` of `seg` (exactly as carved).
-    pub fn free_run(&mut self, seg: u32, off: u64, len: u64) {
-        self.ext_add_free(seg, off, len);
+    /// Carves `[off, off + len)` at the end of `seg`'s free tail (growth's case).
+    pub fn carve_tail(&mut self, seg: u32, off: u64, len: u64, owner: u32) -> Run {
+        let free = self.ext.last(seg);
+        self.carve(Spot { seg, off, free }, len, owner)
+    }
+
+    /// Frees the Used run `run` of `len` bytes (exactly as carved). O(1) on the
+    /// placement index; a tree segment also walks its tree.
+    pub fn free_run(&mut self, run: Run, len: u64) {
+        let Run { seg, off, blk } = run;
+        self.ext.release(blk);
         if self.segs[seg as usize].tree {
             self.set_range(seg, off, len, State::Used, State::Free, NIL);
         } else {
@@ -750,69 +699,42 @@ impl BuddyPool {
     pub fn check(&self) -> Result<(), String> {
         let mut free_seen = 0u64;
         let mut free_nodes = 0usize;
-        for (si, s) in self.live_segments() {
-            if !s.tree && !self.index_runs {
-                // Without the run index: free extents lie in [0, mapped), do not
-                // overlap, and with the used bytes add up to the mapped size.
-                let mut spans: Vec<(u64, u64)> = self
-                    .ext
-                    .iter()
-                    .filter(|&(_, s, _, _)| s == si)
-                    .map(|(_, _, o, l)| (o, l))
-                    .collect();
-                spans.sort_unstable();
-                let (mut cur, mut free) = (0u64, 0u64);
-                for (o, l) in spans {
-                    if o < cur || l == 0 {
-                        return Err(format!("segment {si}: free extents overlap at {o}"));
-                    }
-                    cur = o + l;
-                    free += l;
-                }
-                if cur > s.mapped || free + s.used != s.mapped {
-                    return Err(format!(
-                        "segment {si}: free {free} + used {} != mapped {} (or beyond it)",
-                        s.used, s.mapped
-                    ));
-                }
-                free_seen += free;
-                continue;
+        // The placement index tiles every segment with free and used blocks.
+        let tiles = self
+            .ext
+            .check(self.live_segments().map(|(i, s)| (i, s.mapped, s.small)))?;
+        let mut ext_total = 0;
+        for ((si, s), (ext_free, ext_used)) in self.live_segments().zip(tiles) {
+            ext_total += ext_free;
+            if ext_used != s.used {
+                return Err(format!(
+                    "segment {si}: used blocks hold {ext_used} bytes, counter {}",
+                    s.used
+                ));
             }
             if !s.tree {
-                // Used runs and free extents tile [0, mapped) exactly.
-                let mut spans: Vec<(u64, u64, bool)> = self
-                    .runs
-                    .iter()
-                    .filter(|(&(s, _), _)| s == si)
-                    .map(|(&(_, o), &(l, _))| (o, l, true))
-                    .chain(
-                        self.ext
-                            .iter()
-                            .filter(|&(_, s, _, _)| s == si)
-                            .map(|(_, _, o, l)| (o, l, false)),
-                    )
-                    .collect();
-                spans.sort_unstable();
-                let (mut cur, mut used) = (0u64, 0u64);
-                for (o, l, u) in spans {
-                    if o != cur {
+                if self.index_runs {
+                    // The run index names exactly the used blocks.
+                    let mut runs: Vec<(u64, u64)> = self
+                        .runs
+                        .iter()
+                        .filter(|(&(s, _), _)| s == si)
+                        .map(|(&(_, o), &(l, _))| (o, l))
+                        .collect();
+                    runs.sort_unstable();
+                    let used: Vec<(u64, u64)> = self
+                        .ext
+                        .blocks_of(si)
+                        .filter(|b| !b.2)
+                        .map(|(o, l, _)| (o, l))
+                        .collect();
+                    if runs != used {
                         return Err(format!(
-                            "segment {si}: gap or overlap at {o} (expected {cur})"
+                            "segment {si}: run index disagrees with the used blocks"
                         ));
                     }
-                    cur += l;
-                    if u {
-                        used += l;
-                    } else {
-                        free_seen += l;
-                    }
                 }
-                if cur != s.mapped || used != s.used {
-                    return Err(format!(
-                        "segment {si}: runs and extents cover {cur} of {}, used {used} vs {}",
-                        s.mapped, s.used
-                    ));
-                }
+                free_seen += ext_free;
                 continue;
             }
             let (mut free, mut used, mut unmapped) = (0u64, 0u64, 0u64);
@@ -903,31 +825,10 @@ impl BuddyPool {
         if listed != free_nodes {
             return Err(format!("{listed} listed free nodes, {free_nodes} in trees"));
         }
-        let mut ext_total = 0;
-        let mut last: Option<(u32, u64)> = None;
-        self.ext.check()?;
-        let mut exts: Vec<((u32, u64), u64, bool)> = self
-            .ext
-            .iter()
-            .map(|(k, sg, o, l)| ((sg, o), l, k))
-            .collect();
-        exts.sort_unstable();
-        for ((seg, off), len, small) in exts {
-            if small != self.segs[seg as usize].small || len == 0 {
-                return Err(format!("extent ({seg}, {off}, {len}) has the wrong kind"));
-            }
+        for (_, seg, off, len) in self.ext.iter() {
             if self.segs[seg as usize].tree && !self.is_free_range(seg, off, len) {
                 return Err(format!("extent ({seg}, {off}, {len}) is not free"));
             }
-            if let Some((ls, lend)) = last {
-                if ls == seg && lend >= off {
-                    return Err(format!(
-                        "extents of segment {seg} touch or overlap at {off}"
-                    ));
-                }
-            }
-            last = Some((seg, off + len));
-            ext_total += len;
         }
         if ext_total != self.free_bytes {
             return Err(format!(

@@ -1,54 +1,83 @@
-//! The placement index: maximal free extents of the segments, in segregated size bins.
+//! The placement index: every segment's mapped range as a list of blocks, free or used,
+//! linked in address order (TLSF's physical neighbours), with the free blocks in
+//! segregated size bins.
 //!
 //! Bins as in TLSF: 8 bins per power of two (`bin = 8 * floor(log2 len) + the next 3
 //! bits`), a bitmap of non-empty bins per kind (small-object segments, large-run
-//! segments), index-linked lists per bin. Extents are also hashed by start and by end,
-//! so that a freed run merges with its neighbours in O(1).
+//! segments), index-linked lists per bin.
 //!
-//! `best_fit(len)`: the smallest of (at most `SCAN`) extents >= len in the request's own
-//! bin, else the smallest of (at most `SCAN`) in the first non-empty bin above it.
-//! Extents within a bin differ by less than 12.5%, so this is best fit to within that
-//! (measured in docs/allocator.md: the same reserved bytes as an exact ordered set, at
-//! a fraction of its cost). Every operation is O(1) (bounded scans, hash lookups, one
-//! bitmap search).
+//! A used block's index is its run's handle: the caller keeps it (the allocator's record
+//! or slab) and hands it back on free, so a free finds its neighbours through the
+//! address-order links and merges with them without any lookup by address. No hash
+//! table is touched on any path.
+//!
+//! Invariants (checked by [`Extents::check`]), per live segment with `mapped` bytes:
+//! - its blocks tile `[0, mapped)`: `first.off == 0`, `b.off + b.len == b.right.off`,
+//!   `last.off + last.len == mapped`, and `sum(free) + sum(used) == mapped`;
+//! - no two free blocks are neighbours (a free block is a maximal free extent);
+//! - a block is on a bin list iff it is free, and on the list of `bin_of(len)` of its kind.
+//!
+//! `best_fit(len)`: the smallest of (at most `SCAN`) free blocks >= len in the request's
+//! own bin, else the smallest of (at most `SCAN`) in the first non-empty bin above it.
+//! Blocks within a bin differ by less than 12.5%, so this is best fit to within that
+//! (measured in docs/allocator.md: the same reserved bytes as an exact ordered set).
+//!
+//! Costs: `take`, `release`, `append`, `trim_tail` are O(1): a handful of array
+//! accesses, at most two bin unlinks and one link. `best_fit` is O(SCAN) plus one
+//! bitmap search. `containing` (buddy placement only) walks a segment's blocks.
 
 use crate::buddy::NIL;
-use crate::pool::FxMap;
 
 const NBINS: usize = 64 * 8;
 const WORDS: usize = NBINS / 64;
 const SCAN: usize = 16;
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BlkState {
+    Free,
+    Used,
+    /// On the dead list, reusable.
+    Dead,
+}
+
 #[derive(Debug, Clone, Copy)]
-struct Ext {
+struct Blk {
     seg: u32,
     off: u64,
     len: u64,
+    /// Bin list links (free blocks only).
     prev: u32,
     next: u32,
+    /// Address-order neighbours in the segment (NIL at its ends).
+    left: u32,
+    right: u32,
+    state: BlkState,
     small: bool,
 }
 
-/// Free extents in size bins, with start/end hashes.
+/// Blocks of every segment of one pool, free ones in size bins.
 #[derive(Debug, Clone)]
 pub struct Extents {
-    recs: Vec<Ext>,
+    blks: Vec<Blk>,
     dead: Vec<u32>,
-    by_start: FxMap<(u32, u64), u32>,
-    by_end: FxMap<(u32, u64), u32>,
+    /// Per segment: its first and last block (NIL, NIL while nothing is mapped).
+    ends: Vec<(u32, u32)>,
     heads: [Vec<u32>; 2],
+    // Invariant: bit b of bits[k] set iff heads[k][b] != NIL.
     bits: [[u64; WORDS]; 2],
+    // Invariant: nfree == number of Free blocks.
+    nfree: usize,
 }
 
 impl Default for Extents {
     fn default() -> Self {
         Extents {
-            recs: Vec::new(),
+            blks: Vec::new(),
             dead: Vec::new(),
-            by_start: FxMap::default(),
-            by_end: FxMap::default(),
+            ends: Vec::new(),
             heads: [vec![NIL; NBINS], vec![NIL; NBINS]],
             bits: [[0; WORDS]; 2],
+            nfree: 0,
         }
     }
 }
@@ -61,81 +90,49 @@ fn bin_of(len: u64) -> usize {
 }
 
 impl Extents {
+    /// Number of free blocks.
     pub fn len(&self) -> usize {
-        self.by_start.len()
+        self.nfree
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_start.is_empty()
+        self.nfree == 0
     }
 
-    pub fn insert(&mut self, small: bool, seg: u32, off: u64, len: u64) {
-        let b = bin_of(len);
-        let k = small as usize;
-        let h = self.heads[k][b];
-        let e = Ext {
-            seg,
-            off,
-            len,
-            prev: NIL,
-            next: h,
-            small,
-        };
-        let i = match self.dead.pop() {
+    /// `(segment, offset, length)` of block `i`.
+    #[inline]
+    pub fn span(&self, i: u32) -> (u32, u64, u64) {
+        let b = &self.blks[i as usize];
+        (b.seg, b.off, b.len)
+    }
+
+    #[inline]
+    fn new_blk(&mut self, b: Blk) -> u32 {
+        match self.dead.pop() {
             Some(i) => {
-                self.recs[i as usize] = e;
+                self.blks[i as usize] = b;
                 i
             }
             None => {
-                self.recs.push(e);
-                (self.recs.len() - 1) as u32
+                self.blks.push(b);
+                (self.blks.len() - 1) as u32
             }
-        };
-        if h != NIL {
-            self.recs[h as usize].prev = i;
         }
-        self.heads[k][b] = i;
-        self.bits[k][b / 64] |= 1 << (b % 64);
-        self.by_start.insert((seg, off), i);
-        self.by_end.insert((seg, off + len), i);
     }
 
-    /// Removes the extent starting at `(seg, off)`; returns its length.
-    pub fn remove(&mut self, seg: u32, off: u64) -> Option<u64> {
-        let i = self.by_start.remove(&(seg, off))?;
-        let len = self.recs[i as usize].len;
-        self.by_end.remove(&(seg, off + len));
-        self.unbin(i);
+    #[inline]
+    fn kill(&mut self, i: u32) {
+        self.blks[i as usize].state = BlkState::Dead;
         self.dead.push(i);
-        Some(len)
     }
 
-    /// Index of the extent starting at `(seg, off)`.
-    #[inline]
-    pub fn index_starting_at(&self, seg: u32, off: u64) -> Option<u32> {
-        self.by_start.get(&(seg, off)).copied()
-    }
-
-    /// Index of the extent ending at `(seg, end)`.
-    #[inline]
-    pub fn index_ending_at(&self, seg: u32, end: u64) -> Option<u32> {
-        self.by_end.get(&(seg, end)).copied()
-    }
-
-    /// `(offset, length)` of extent `i`.
-    #[inline]
-    pub fn span(&self, i: u32) -> (u64, u64) {
-        let e = &self.recs[i as usize];
-        (e.off, e.len)
-    }
-
-    /// Unlinks extent `i` from its size bin.
+    /// Unlinks free block `i` from its size bin (it stays Free).
     #[inline]
     fn unbin(&mut self, i: u32) {
-        let e = self.recs[i as usize];
+        let e = self.blks[i as usize];
         let (k, b) = (e.small as usize, bin_of(e.len));
         if e.prev != NIL {
-            self.recs[e.prev as usize].next = e.next;
+            self.blks[e.prev as usize].next = e.next;
         } else {
             self.heads[k][b] = e.next;
             if e.next == NIL {
@@ -143,72 +140,289 @@ impl Extents {
             }
         }
         if e.next != NIL {
-            self.recs[e.next as usize].prev = e.prev;
+            self.blks[e.next as usize].prev = e.prev;
         }
     }
 
-    /// Links extent `i` at the head of its size bin.
+    /// Links free block `i` at the head of its size bin.
     #[inline]
     fn bin(&mut self, i: u32) {
         let (k, b) = {
-            let e = &self.recs[i as usize];
+            let e = &self.blks[i as usize];
             (e.small as usize, bin_of(e.len))
         };
         let h = self.heads[k][b];
         {
-            let e = &mut self.recs[i as usize];
+            let e = &mut self.blks[i as usize];
             e.prev = NIL;
             e.next = h;
         }
         if h != NIL {
-            self.recs[h as usize].prev = i;
+            self.blks[h as usize].prev = i;
         }
         self.heads[k][b] = i;
         self.bits[k][b / 64] |= 1 << (b % 64);
     }
 
-    /// Moves extent `i` (same segment) to `[off, off + len)` in place: only the hash
-    /// keys that change are rewritten, and the bin only if the length's bin changes
-    /// (growing or shrinking an extent at one end rewrites one key, not four).
-    pub fn reshape(&mut self, i: u32, off: u64, len: u64) {
-        debug_assert!(len > 0);
-        let e = self.recs[i as usize];
-        if e.off != off {
-            self.by_start.remove(&(e.seg, e.off));
-            self.by_start.insert((e.seg, off), i);
-        }
-        if e.off + e.len != off + len {
-            self.by_end.remove(&(e.seg, e.off + e.len));
-            self.by_end.insert((e.seg, off + len), i);
-        }
-        let rebin = bin_of(e.len) != bin_of(len);
+    /// Sets free block `i` to `[off, off + len)`, moving it between bins only if the
+    /// length's bin changes (the common split leaves it in place).
+    #[inline]
+    fn reshape_free(&mut self, i: u32, off: u64, len: u64) {
+        let rebin = bin_of(self.blks[i as usize].len) != bin_of(len);
         if rebin {
             self.unbin(i);
         }
-        {
-            let r = &mut self.recs[i as usize];
-            r.off = off;
-            r.len = len;
-        }
+        let b = &mut self.blks[i as usize];
+        b.off = off;
+        b.len = len;
         if rebin {
             self.bin(i);
         }
     }
 
-    /// Length of the extent starting at `(seg, off)`.
-    #[inline]
-    pub fn get(&self, seg: u32, off: u64) -> Option<u64> {
-        self.by_start
-            .get(&(seg, off))
-            .map(|&i| self.recs[i as usize].len)
+    /// A new block linked between `left` and `right` (either may be NIL) of `seg`.
+    fn link_new(&mut self, mut b: Blk, left: u32, right: u32) -> u32 {
+        b.left = left;
+        b.right = right;
+        let i = self.new_blk(b);
+        let seg = b.seg as usize;
+        if left != NIL {
+            self.blks[left as usize].right = i;
+        } else {
+            self.ends[seg].0 = i;
+        }
+        if right != NIL {
+            self.blks[right as usize].left = i;
+        } else {
+            self.ends[seg].1 = i;
+        }
+        i
     }
 
-    /// Start of the extent ending at `(seg, end)`.
+    /// Unlinks block `i` from its segment's address list and kills it.
+    fn unlink_kill(&mut self, i: u32) {
+        let Blk {
+            seg, left, right, ..
+        } = self.blks[i as usize];
+        if left != NIL {
+            self.blks[left as usize].right = right;
+        } else {
+            self.ends[seg as usize].0 = right;
+        }
+        if right != NIL {
+            self.blks[right as usize].left = left;
+        } else {
+            self.ends[seg as usize].1 = left;
+        }
+        self.kill(i);
+    }
+
+    /// Maps `len` more bytes at the end of segment `seg` (free): the last block grows
+    /// if it is free, else a free block is appended.
+    pub fn append(&mut self, small: bool, seg: u32, len: u64) {
+        debug_assert!(len > 0);
+        if self.ends.len() <= seg as usize {
+            self.ends.resize(seg as usize + 1, (NIL, NIL));
+        }
+        let last = self.ends[seg as usize].1;
+        if last != NIL && self.blks[last as usize].state == BlkState::Free {
+            let (off, l) = (self.blks[last as usize].off, self.blks[last as usize].len);
+            self.reshape_free(last, off, l + len);
+            return;
+        }
+        let off = if last == NIL {
+            0
+        } else {
+            let b = &self.blks[last as usize];
+            b.off + b.len
+        };
+        let i = self.link_new(
+            Blk {
+                seg,
+                off,
+                len,
+                prev: NIL,
+                next: NIL,
+                left: NIL,
+                right: NIL,
+                state: BlkState::Free,
+                small,
+            },
+            last,
+            NIL,
+        );
+        self.bin(i);
+        self.nfree += 1;
+    }
+
+    /// Free bytes at the end of segment `seg`'s mapped range.
     #[inline]
-    pub fn start_ending_at(&self, seg: u32, end: u64) -> Option<u64> {
-        self.by_end
-            .get(&(seg, end))
-            .map(|&i| self.recs[i as usize].off)
+    pub fn tail_free(&self, seg: u32) -> u64 {
+        match self.ends.get(seg as usize) {
+            Some(&(_, last)) if last != NIL => {
+                let b = &self.blks[last as usize];
+                if b.state == BlkState::Free {
+                    b.len
+                } else {
+                    0
+                }
+            }
+            _ => 0,
+        }
+    }
+
+    /// The last block of segment `seg` (NIL if nothing is mapped).
+    #[inline]
+    pub fn last(&self, seg: u32) -> u32 {
+        self.ends.get(seg as usize).map_or(NIL, |e| e.1)
+    }
+
+    /// Unmaps the last `len` bytes of `seg`, which must be free.
+    pub fn trim_tail(&mut self, seg: u32, len: u64) {
+        let last = self.last(seg);
+        assert!(
+            last != NIL
+                && self.blks[last as usize].state == BlkState::Free
+                && self.blks[last as usize].len >= len,
+            "trimming bytes that are not free"
+        );
+        let (off, l) = (self.blks[last as usize].off, self.blks[last as usize].len);
+        if l == len {
+            self.unbin(last);
+            self.unlink_kill(last);
+            self.nfree -= 1;
+        } else {
+            self.reshape_free(last, off, l - len);
+        }
+    }
+
+    /// Forgets segment `seg`, which must hold one free block or none.
+    pub fn remove_segment(&mut self, seg: u32) {
+        let Some(&(first, last)) = self.ends.get(seg as usize) else {
+            return;
+        };
+        if first == NIL {
+            return;
+        }
+        assert!(
+            first == last && self.blks[first as usize].state == BlkState::Free,
+            "removing a segment in use"
+        );
+        self.unbin(first);
+        self.kill(first);
+        self.nfree -= 1;
+        self.ends[seg as usize] = (NIL, NIL);
+    }
+
+    /// Takes `[off, off + len)` out of free block `i` (which must contain it) as a used
+    /// block; returns the used block's index. O(1): the free remainder keeps `i` (and
+    /// its bin, unless its length's bin changes).
+    pub fn take(&mut self, i: u32, off: u64, len: u64) -> u32 {
+        let b = self.blks[i as usize];
+        assert!(
+            b.state == BlkState::Free && b.off <= off && off + len <= b.off + b.len && len > 0,
+            "taken range lies in a free block"
+        );
+        let (head, tail) = (off - b.off, b.off + b.len - off - len);
+        let used = Blk {
+            state: BlkState::Used,
+            off,
+            len,
+            prev: NIL,
+            next: NIL,
+            ..b
+        };
+        match (head, tail) {
+            (0, 0) => {
+                self.unbin(i);
+                self.blks[i as usize] = Blk {
+                    left: b.left,
+                    right: b.right,
+                    ..used
+                };
+                self.nfree -= 1;
+                i
+            }
+            (0, _) => {
+                // Best fit's case: the run at the start, the remainder stays free.
+                self.reshape_free(i, off + len, tail);
+                self.link_new(used, b.left, i)
+            }
+            (_, 0) => {
+                // Growth's case: the run at the end of the free tail.
+                self.reshape_free(i, b.off, head);
+                self.link_new(used, i, b.right)
+            }
+            _ => {
+                self.reshape_free(i, b.off, head);
+                let u = self.link_new(used, i, b.right);
+                let t = self.link_new(
+                    Blk {
+                        state: BlkState::Free,
+                        off: off + len,
+                        len: tail,
+                        ..used
+                    },
+                    u,
+                    self.blks[u as usize].right,
+                );
+                self.bin(t);
+                self.nfree += 1;
+                u
+            }
+        }
+    }
+
+    /// Frees used block `i`, merging it with free neighbours. O(1).
+    pub fn release(&mut self, i: u32) {
+        let b = self.blks[i as usize];
+        assert_eq!(
+            b.state,
+            BlkState::Used,
+            "releasing a block that is not used"
+        );
+        let lf = b.left != NIL && self.blks[b.left as usize].state == BlkState::Free;
+        let rf = b.right != NIL && self.blks[b.right as usize].state == BlkState::Free;
+        match (lf, rf) {
+            (false, false) => {
+                self.blks[i as usize].state = BlkState::Free;
+                self.bin(i);
+                self.nfree += 1;
+            }
+            (true, false) => {
+                let l = self.blks[b.left as usize];
+                self.unlink_kill(i);
+                self.reshape_free(b.left, l.off, l.len + b.len);
+            }
+            (false, true) => {
+                let r = self.blks[b.right as usize];
+                self.unlink_kill(i);
+                self.reshape_free(b.right, b.off, b.len + r.len);
+            }
+            (true, true) => {
+                let (l, r) = (self.blks[b.left as usize], self.blks[b.right as usize]);
+                self.unbin(b.right);
+                self.unlink_kill(b.right);
+                self.unlink_kill(i);
+                self.nfree -= 1;
+                self.reshape_free(b.left, l.off, l.len + b.len + r.len);
+            }
+        }
+    }
+
+    /// The free block of `seg` containing `[off, off + len)`, if any. O(blocks of the
+    /// segment): used only by buddy placement and checks.
+    pub fn containing(&self, seg: u32, off: u64, len: u64) -> Option<u32> {
+        let mut i = self.ends.get(seg as usize)?.0;
+        while i != NIL {
+            let b = &self.blks[i as usize];
+            if b.off + b.len > off {
+                let inside = b.off <= off && off + len <= b.off + b.len;
+                return (inside && b.state == BlkState::Free).then_some(i);
+            }
+            i = b.right;
+        }
+        None
     }
 
     /// Smallest of up to `SCAN` candidates in bin `b` with length >= `len`.
@@ -217,12 +431,12 @@ impl Extents {
         let mut best: Option<u32> = None;
         let mut n = 0;
         while i != NIL && n < SCAN {
-            let e = &self.recs[i as usize];
+            let e = &self.blks[i as usize];
             if e.len >= len {
                 let better = match best {
                     None => true,
                     Some(j) => {
-                        let f = &self.recs[j as usize];
+                        let f = &self.blks[j as usize];
                         (e.len, e.seg, e.off) < (f.len, f.seg, f.off)
                     }
                 };
@@ -258,22 +472,22 @@ impl Extents {
         }
     }
 
-    /// Where a run of `len` goes among extents of kind `small`: `(segment, offset)`.
-    pub fn best_fit(&self, small: bool, len: u64) -> Option<(u32, u64)> {
+    /// The free block a run of `len` goes into, among blocks of kind `small`; the run
+    /// goes at its start.
+    #[inline]
+    pub fn best_fit(&self, small: bool, len: u64) -> Option<u32> {
         let k = small as usize;
         let b = bin_of(len);
-        let i = match self.scan_bin(k, b, len) {
-            Some(i) => i,
+        match self.scan_bin(k, b, len) {
+            Some(i) => Some(i),
             None => {
                 let nb = self.next_bin(k, b)?;
-                self.scan_bin(k, nb, len)?
+                self.scan_bin(k, nb, len)
             }
-        };
-        let e = &self.recs[i as usize];
-        Some((e.seg, e.off))
+        }
     }
 
-    /// Length of the largest free extent (either kind).
+    /// Length of the largest free block (either kind).
     pub fn largest(&self) -> u64 {
         let mut best = 0;
         for k in 0..2 {
@@ -281,25 +495,42 @@ impl Extents {
                 let b = w * 64 + 63 - self.bits[k][w].leading_zeros() as usize;
                 let mut i = self.heads[k][b];
                 while i != NIL {
-                    best = best.max(self.recs[i as usize].len);
-                    i = self.recs[i as usize].next;
+                    best = best.max(self.blks[i as usize].len);
+                    i = self.blks[i as usize].next;
                 }
             }
         }
         best
     }
 
-    /// Every extent: `(small, segment, offset, length)`.
+    /// Every free block: `(small, segment, offset, length)`.
     pub fn iter(&self) -> impl Iterator<Item = (bool, u32, u64, u64)> + '_ {
-        self.by_start.values().map(|&i| {
-            let e = &self.recs[i as usize];
-            (e.small, e.seg, e.off, e.len)
+        self.blks
+            .iter()
+            .filter(|b| b.state == BlkState::Free)
+            .map(|b| (b.small, b.seg, b.off, b.len))
+    }
+
+    /// Every block of segment `seg` in address order: `(offset, length, free)`.
+    pub fn blocks_of(&self, seg: u32) -> impl Iterator<Item = (u64, u64, bool)> + '_ {
+        let mut i = self.ends.get(seg as usize).map_or(NIL, |e| e.0);
+        std::iter::from_fn(move || {
+            if i == NIL {
+                return None;
+            }
+            let b = &self.blks[i as usize];
+            i = b.right;
+            Some((b.off, b.len, b.state == BlkState::Free))
         })
     }
 
-    /// Checks the bins, bitmaps and hashes agree.
-    pub fn check(&self) -> Result<(), String> {
-        let mut listed = 0;
+    /// Checks the invariants of the module docs for the given live segments
+    /// `(segment, mapped, small)`; returns the free and used bytes of each in order.
+    pub fn check(
+        &self,
+        segs: impl IntoIterator<Item = (u32, u64, bool)>,
+    ) -> Result<Vec<(u64, u64)>, String> {
+        let mut binned = 0;
         for k in 0..2 {
             for b in 0..NBINS {
                 let mut i = self.heads[k][b];
@@ -309,28 +540,67 @@ impl Extents {
                 }
                 let mut prev = NIL;
                 while i != NIL {
-                    let e = &self.recs[i as usize];
-                    if bin_of(e.len) != b || e.small as usize != k || e.prev != prev {
+                    let e = &self.blks[i as usize];
+                    if e.state != BlkState::Free
+                        || bin_of(e.len) != b
+                        || e.small as usize != k
+                        || e.prev != prev
+                    {
                         return Err(format!("extent bin {b}: bad entry {i}"));
                     }
-                    if self.by_start.get(&(e.seg, e.off)) != Some(&i)
-                        || self.by_end.get(&(e.seg, e.off + e.len)) != Some(&i)
-                    {
-                        return Err(format!("extent {i}: hashes disagree"));
-                    }
-                    listed += 1;
+                    binned += 1;
                     prev = i;
                     i = e.next;
                 }
             }
         }
-        if listed != self.by_start.len() || listed != self.by_end.len() {
+        let mut out = Vec::new();
+        let mut walked = 0;
+        for (seg, mapped, small) in segs {
+            let (mut cur, mut free, mut used) = (0u64, 0u64, 0u64);
+            let (first, last) = self.ends.get(seg as usize).copied().unwrap_or((NIL, NIL));
+            let (mut i, mut left, mut left_free) = (first, NIL, false);
+            while i != NIL {
+                let b = &self.blks[i as usize];
+                if b.seg != seg || b.off != cur || b.len == 0 || b.left != left {
+                    return Err(format!(
+                        "segment {seg}: block {i} at {} (len {}) breaks the tiling at {cur}",
+                        b.off, b.len
+                    ));
+                }
+                if b.small != small {
+                    return Err(format!("segment {seg}: block {i} has the wrong kind"));
+                }
+                match b.state {
+                    BlkState::Free if left_free => {
+                        return Err(format!("segment {seg}: free neighbours at {}", b.off))
+                    }
+                    BlkState::Free => {
+                        free += b.len;
+                        walked += 1;
+                    }
+                    BlkState::Used => used += b.len,
+                    BlkState::Dead => return Err(format!("segment {seg}: dead block {i}")),
+                }
+                left_free = b.state == BlkState::Free;
+                cur += b.len;
+                left = i;
+                i = b.right;
+            }
+            if left != last || cur != mapped {
+                return Err(format!(
+                    "segment {seg}: blocks cover {cur} of {mapped} mapped bytes"
+                ));
+            }
+            out.push((free, used));
+        }
+        if walked != binned || binned != self.nfree {
             return Err(format!(
-                "{listed} binned extents, {} hashed",
-                self.by_start.len()
+                "{binned} binned free blocks, {walked} in segments, counter {}",
+                self.nfree
             ));
         }
-        Ok(())
+        Ok(out)
     }
 }
 
@@ -341,13 +611,9 @@ mod tests {
     #[test]
     fn bins_are_monotonic_and_fine() {
         let mut last = 0;
-        for len in (256..1u64 << 34)
-            .step_by(1 << 20)
-            .chain([256, 257, 511, 512, 513])
-        {
+        for len in (256..1u64 << 34).step_by(1 << 20).chain([1u64 << 34]) {
             let b = bin_of(len);
-            assert!(b < NBINS);
-            let _ = last;
+            assert!(b < NBINS && b >= last);
             last = b;
         }
         assert!(bin_of(1 << 20) < bin_of((1 << 20) + (1 << 17)));
@@ -355,21 +621,60 @@ mod tests {
     }
 
     #[test]
-    fn best_fit_prefers_the_smallest_sufficient_extent() {
+    fn best_fit_prefers_the_smallest_sufficient_block() {
         let mut x = Extents::default();
-        x.insert(false, 0, 0, 10 << 20);
-        x.insert(false, 0, 20 << 20, 5 << 20);
-        x.insert(false, 1, 0, 6 << 20);
-        x.insert(true, 2, 0, 100 << 20);
-        assert_eq!(x.best_fit(false, 5 << 20), Some((0, 20 << 20)));
-        assert_eq!(x.best_fit(false, (5 << 20) + 1), Some((1, 0)));
-        assert_eq!(x.best_fit(false, 7 << 20), Some((0, 0)));
+        // Segment 0: [0, 10M) free, [10M, 20M) used, [20M, 25M) free.
+        x.append(false, 0, 25 << 20);
+        let f = x.best_fit(false, 25 << 20).unwrap();
+        let u = x.take(f, 10 << 20, 10 << 20);
+        x.append(false, 1, 6 << 20);
+        x.append(true, 2, 100 << 20);
+        let at = |x: &Extents, i: Option<u32>| i.map(|i| (x.span(i).0, x.span(i).1));
+        assert_eq!(at(&x, x.best_fit(false, 5 << 20)), Some((0, 20 << 20)));
+        assert_eq!(at(&x, x.best_fit(false, (5 << 20) + 1)), Some((1, 0)));
+        assert_eq!(at(&x, x.best_fit(false, 7 << 20)), Some((0, 0)));
         assert_eq!(x.best_fit(false, 11 << 20), None);
-        assert_eq!(x.best_fit(true, 11 << 20), Some((2, 0)));
+        assert_eq!(at(&x, x.best_fit(true, 11 << 20)), Some((2, 0)));
         assert_eq!(x.largest(), 100 << 20);
-        assert_eq!(x.remove(0, 20 << 20), Some(5 << 20));
-        assert_eq!(x.start_ending_at(0, 10 << 20), Some(0));
-        x.check().unwrap();
+        let segs = [
+            (0, 25 << 20, false),
+            (1, 6 << 20, false),
+            (2, 100 << 20, true),
+        ];
+        let fu = x.check(segs).unwrap();
+        assert_eq!(fu[0], (15 << 20, 10 << 20));
+        assert_eq!(x.len(), 4);
+        // Freeing the middle merges all of segment 0 back into one block.
+        x.release(u);
         assert_eq!(x.len(), 3);
+        assert_eq!(x.tail_free(0), 25 << 20);
+        x.check(segs).unwrap();
+    }
+
+    #[test]
+    fn take_and_release_every_shape_and_trim() {
+        let mut x = Extents::default();
+        x.append(false, 0, 1000);
+        let segs = |m| [(0u32, m, false)];
+        let a = x.take(x.containing(0, 100, 100).unwrap(), 100, 100); // middle
+        let b = x.take(x.containing(0, 0, 100).unwrap(), 0, 100); // start
+        let c = x.take(x.containing(0, 900, 100).unwrap(), 900, 100); // end
+        x.check(segs(1000)).unwrap();
+        assert_eq!(x.tail_free(0), 0);
+        assert_eq!(x.containing(0, 150, 10), None);
+        x.append(false, 0, 500);
+        assert_eq!(x.tail_free(0), 500);
+        x.release(c); // merges with both free neighbours: [200, 1500)
+        assert_eq!(x.tail_free(0), 1300);
+        assert_eq!(x.len(), 1);
+        x.trim_tail(0, 550);
+        x.check(segs(950)).unwrap();
+        x.release(a);
+        x.release(b);
+        x.check(segs(950)).unwrap();
+        assert_eq!(x.len(), 1);
+        x.remove_segment(0);
+        x.check([]).unwrap();
+        assert!(x.is_empty());
     }
 }

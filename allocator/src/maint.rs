@@ -2,7 +2,7 @@
 //! advice from a forecaster, and the invariant check.
 
 use crate::backend::{BackendError, DeviceBackend, DevicePtr, StreamId};
-use crate::buddy::NIL;
+use crate::buddy::{Run, NIL};
 use crate::error::AllocError;
 use crate::policy::{Advice, GrowthRequest, SegmentView};
 use crate::pool::{Allocator, PendingFree, RecState, Record, SLAB_TAG};
@@ -25,12 +25,11 @@ impl<B: DeviceBackend> Allocator<B> {
         len: u64,
         owner: u32,
         small: bool,
-    ) -> Result<(u32, u64), AllocError> {
+    ) -> Result<Run, AllocError> {
         let scan = self.cfg.run_scan;
         let pool = self.pool_mut(stream)?;
-        if let Some((seg, off)) = pool.buddy.find_run(len, scan, small) {
-            pool.buddy.carve(seg, off, len, owner);
-            return Ok((seg, off));
+        if let Some(spot) = pool.buddy.find_run(len, scan, small) {
+            return Ok(pool.buddy.carve(spot, len, owner));
         }
         if pool.cached_runs > 0 {
             self.flush_cache(stream)?;
@@ -74,18 +73,11 @@ impl<B: DeviceBackend> Allocator<B> {
         }
     }
 
-    fn try_carve(
-        &mut self,
-        stream: StreamId,
-        len: u64,
-        owner: u32,
-        small: bool,
-    ) -> Option<(u32, u64)> {
+    fn try_carve(&mut self, stream: StreamId, len: u64, owner: u32, small: bool) -> Option<Run> {
         let scan = self.cfg.run_scan;
         let pool = self.pools[stream as usize].as_mut()?;
-        let (seg, off) = pool.buddy.find_run(len, scan, small)?;
-        pool.buddy.carve(seg, off, len, owner);
-        Some((seg, off))
+        let spot = pool.buddy.find_run(len, scan, small)?;
+        Some(pool.buddy.carve(spot, len, owner))
     }
 
     fn growth_bytes(
@@ -131,7 +123,7 @@ impl<B: DeviceBackend> Allocator<B> {
         len: u64,
         owner: u32,
         small: bool,
-    ) -> Result<(u32, u64), BackendError> {
+    ) -> Result<Run, BackendError> {
         let granule = self.granule();
         if self.use_growable() {
             let seg = match self.pools[stream as usize]
@@ -179,10 +171,9 @@ impl<B: DeviceBackend> Allocator<B> {
             let pool = self.pools[stream as usize].as_mut().expect("pool");
             pool.reserved += add;
             pool.buddy.map_more(seg, add);
-            let off = mapped - tail;
-            pool.buddy.carve(seg, off, len, owner);
+            let run = pool.buddy.carve_tail(seg, mapped - tail, len, owner);
             tracing::debug!(stream, add, mapped = mapped + add, "grew growable segment");
-            Ok((seg, off))
+            Ok(run)
         } else {
             let deficit = len.next_multiple_of(granule);
             let mut size = self.growth_bytes(stream, len, deficit, false, small);
@@ -201,9 +192,9 @@ impl<B: DeviceBackend> Allocator<B> {
             let seg = pool
                 .buddy
                 .add_segment(base.0, size, size.next_power_of_two(), false, small);
-            pool.buddy.carve(seg, 0, len, owner);
+            let run = pool.buddy.carve_tail(seg, 0, len, owner);
             tracing::debug!(stream, size, %base, "new device segment");
-            Ok((seg, 0))
+            Ok(run)
         }
     }
 
@@ -314,7 +305,7 @@ impl<B: DeviceBackend> Allocator<B> {
                     let slab = &mut self.slabs[id as usize];
                     if slab.used == 0 {
                         pool.partial[class].swap_remove(k);
-                        pool.buddy.free_run(slab.seg, slab.off, slab.len());
+                        pool.buddy.free_run(slab.run(), slab.len());
                         slab.live = false;
                         slab.in_partial = false;
                         self.free_slabs.push(id);
@@ -424,9 +415,9 @@ impl<B: DeviceBackend> Allocator<B> {
                 // memory stays reserved and free for the predicted requests.
                 let id = self.records.len() as u32;
                 match self.grow(stream, deficit, id, false) {
-                    Ok((seg, off)) => {
+                    Ok(run) => {
                         let pool = self.pools[stream as usize].as_mut().expect("pool");
-                        pool.buddy.free_run(seg, off, deficit);
+                        pool.buddy.free_run(run, deficit);
                         Ok(())
                     }
                     Err(e) if e.is_oom() => Ok(()),
@@ -449,6 +440,7 @@ impl<B: DeviceBackend> Allocator<B> {
                         size: len,
                         seg_or_slab: 0,
                         off_or_slot: 0,
+                        blk: NIL,
                         stream,
                         gen: 0,
                         state: RecState::Free,
@@ -456,7 +448,7 @@ impl<B: DeviceBackend> Allocator<B> {
                         uses: 0,
                         next: NIL,
                     });
-                    let (seg, off) = match self.obtain_run(stream, len, id, false) {
+                    let run = match self.obtain_run(stream, len, id, false) {
                         Ok(x) => x,
                         Err(e) => {
                             self.free_records.push(id);
@@ -468,15 +460,14 @@ impl<B: DeviceBackend> Allocator<B> {
                     };
                     // Straight into the cache: ready for an O(1) hit.
                     let pool = self.pools[stream as usize].as_mut().expect("pool");
-                    let base = pool.buddy.segs[seg as usize].base;
+                    let base = pool.buddy.segs[run.seg as usize].base;
                     let head = pool.cache.insert(len, id).unwrap_or(NIL);
                     pool.cached_runs += 1;
                     pool.cached_bytes += len;
                     let r = &mut self.records[id as usize];
                     r.next = head;
-                    r.ptr = base + off;
-                    r.seg_or_slab = seg;
-                    r.off_or_slot = off;
+                    r.ptr = base + run.off;
+                    r.set_run(run);
                     r.state = RecState::Cached;
                 }
                 Ok(())

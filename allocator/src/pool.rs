@@ -26,7 +26,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use serde::Serialize;
 
 use crate::backend::{DeviceBackend, DevicePtr, EventId, StreamId, StreamPriority};
-use crate::buddy::{BuddyPool, NIL};
+use crate::buddy::{BuddyPool, Run, NIL};
 use crate::config::{AllocConfig, Coalesce, Release};
 use crate::error::AllocError;
 use crate::policy::{
@@ -69,6 +69,8 @@ pub(crate) struct Record {
     pub seg_or_slab: u32,
     /// Run: offset in the segment; slab: slot.
     pub off_or_slot: u64,
+    /// Run: its block in the placement index (what a free hands back); slab: NIL.
+    pub blk: u32,
     pub stream: u32,
     pub gen: u32,
     pub state: RecState,
@@ -77,6 +79,26 @@ pub(crate) struct Record {
     pub uses: u64,
     /// Next cached run of the same length (state Cached), NIL at the end.
     pub next: u32,
+}
+
+impl Record {
+    /// The run of a run record.
+    #[inline]
+    pub fn run(&self) -> Run {
+        debug_assert!(!self.slab);
+        Run {
+            seg: self.seg_or_slab,
+            off: self.off_or_slot,
+            blk: self.blk,
+        }
+    }
+
+    #[inline]
+    pub fn set_run(&mut self, run: Run) {
+        self.seg_or_slab = run.seg;
+        self.off_or_slot = run.off;
+        self.blk = run.blk;
+    }
 }
 
 /// A cheap hasher for integer keys (run lengths, (segment, offset) pairs). Offsets are
@@ -385,6 +407,7 @@ impl<B: DeviceBackend> Allocator<B> {
             size: obj,
             seg_or_slab: slab_id,
             off_or_slot: slot as u64,
+            blk: NIL,
             stream,
             gen: 0,
             state: RecState::Live,
@@ -405,12 +428,17 @@ impl<B: DeviceBackend> Allocator<B> {
         let id = match self.free_slabs.pop() {
             Some(i) => i,
             None => {
-                self.slabs.push(Slab::new(0, 0, 0, 0, 0, 0, 0));
+                let none = Run {
+                    seg: 0,
+                    off: 0,
+                    blk: NIL,
+                };
+                self.slabs.push(Slab::new(0, none, 0, 0, 0, 0));
                 (self.slabs.len() - 1) as u32
             }
         };
         self.slabs[id as usize].live = false;
-        let (seg, off) = match self.obtain_run(stream, len, SLAB_TAG | id, true) {
+        let run = match self.obtain_run(stream, len, SLAB_TAG | id, true) {
             Ok(x) => x,
             Err(e) => {
                 self.free_slabs.push(id);
@@ -418,8 +446,8 @@ impl<B: DeviceBackend> Allocator<B> {
             }
         };
         let pool = self.pools[stream as usize].as_mut().expect("pool exists");
-        let base = pool.buddy.segs[seg as usize].base + off;
-        let mut slab = Slab::new(stream, seg, off, base, obj, class as u32, capacity as u32);
+        let base = pool.buddy.segs[run.seg as usize].base + run.off;
+        let mut slab = Slab::new(stream, run, base, obj, class as u32, capacity as u32);
         slab.in_partial = true;
         pool.partial[class].push(id);
         self.slabs[id as usize] = slab;
@@ -465,6 +493,7 @@ impl<B: DeviceBackend> Allocator<B> {
             size: len,
             seg_or_slab: NIL,
             off_or_slot: 0,
+            blk: NIL,
             stream,
             gen: 0,
             state: RecState::Free,
@@ -473,17 +502,16 @@ impl<B: DeviceBackend> Allocator<B> {
             next: NIL,
         });
         match self.obtain_run(stream, len, id, false) {
-            Ok((seg, off)) => {
+            Ok(run) => {
                 let base = self.pools[stream as usize]
                     .as_ref()
                     .expect("pool")
                     .buddy
-                    .segs[seg as usize]
+                    .segs[run.seg as usize]
                     .base;
                 let r = &mut self.records[id as usize];
-                r.ptr = base + off;
-                r.seg_or_slab = seg;
-                r.off_or_slot = off;
+                r.ptr = base + run.off;
+                r.set_run(run);
                 r.state = RecState::Live;
                 Ok(self.handle(id))
             }
@@ -652,7 +680,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 self.flush_cache(r.stream)?;
             }
         } else {
-            pool.buddy.free_run(r.seg_or_slab, r.off_or_slot, r.size);
+            pool.buddy.free_run(r.run(), r.size);
             self.records[id as usize].state = RecState::Free;
             self.free_records.push(id);
             self.maybe_release_segment(r.stream, r.seg_or_slab)?;
@@ -683,7 +711,7 @@ impl<B: DeviceBackend> Allocator<B> {
             if let Some(pos) = list.iter().position(|&s| s == slab_id) {
                 list.swap_remove(pos);
             }
-            pool.buddy.free_run(slab.seg, slab.off, slab.len());
+            pool.buddy.free_run(slab.run(), slab.len());
             slab.live = false;
             let seg = slab.seg;
             self.free_slabs.push(slab_id);
@@ -710,7 +738,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 let r = &mut self.records[id as usize];
                 let this = id;
                 id = r.next;
-                pool.buddy.free_run(r.seg_or_slab, r.off_or_slot, r.size);
+                pool.buddy.free_run(r.run(), r.size);
                 r.state = RecState::Free;
                 r.next = NIL;
                 self.free_records.push(this);

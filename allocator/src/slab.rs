@@ -8,7 +8,7 @@
 //! Invariant (per slab): `used + free.len() == capacity`, and `slot_rec[s] == NIL` iff
 //! slot `s` is on the free stack.
 
-use crate::buddy::NIL;
+use crate::buddy::{Run, NIL};
 
 /// The size classes of small objects.
 #[derive(Debug, Clone)]
@@ -89,6 +89,8 @@ pub struct Slab {
     pub stream: u32,
     pub seg: u32,
     pub off: u64,
+    /// The run's block in the placement index.
+    pub blk: u32,
     pub base: u64,
     pub obj: u64,
     pub class: u32,
@@ -104,19 +106,12 @@ pub struct Slab {
 }
 
 impl Slab {
-    pub fn new(
-        stream: u32,
-        seg: u32,
-        off: u64,
-        base: u64,
-        obj: u64,
-        class: u32,
-        capacity: u32,
-    ) -> Self {
+    pub fn new(stream: u32, run: Run, base: u64, obj: u64, class: u32, capacity: u32) -> Self {
         Slab {
             stream,
-            seg,
-            off,
+            seg: run.seg,
+            off: run.off,
+            blk: run.blk,
             base,
             obj,
             class,
@@ -126,6 +121,15 @@ impl Slab {
             slot_rec: vec![NIL; capacity as usize],
             in_partial: false,
             live: true,
+        }
+    }
+
+    /// The buddy run the slab was carved from.
+    pub fn run(&self) -> Run {
+        Run {
+            seg: self.seg,
+            off: self.off,
+            blk: self.blk,
         }
     }
 
