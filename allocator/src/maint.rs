@@ -204,12 +204,10 @@ impl<B: DeviceBackend> Allocator<B> {
         stream: StreamId,
         seg: u32,
     ) -> Result<(), AllocError> {
-        if !self.release.active() {
-            return Ok(());
-        }
         let pool = self.pools[stream as usize].as_ref().expect("pool");
         let s = &pool.buddy.segs[seg as usize];
-        if !s.live {
+        // Cheap tests first: most frees leave their segment in use and its tail busy.
+        if !s.live || (!s.growable && s.used != 0) || !self.release.active() {
             return Ok(());
         }
         let bytes = if s.growable {
@@ -299,6 +297,13 @@ impl<B: DeviceBackend> Allocator<B> {
             self.flush_cache(stream)?;
             let pool = self.pools[stream as usize].as_mut().expect("pool");
             for class in 0..pool.partial.len() {
+                let spare = std::mem::replace(&mut pool.spare[class], NIL);
+                if spare != NIL {
+                    let slab = &mut self.slabs[spare as usize];
+                    pool.buddy.free_run(slab.run(), slab.len());
+                    slab.live = false;
+                    self.free_slabs.push(spare);
+                }
                 let mut k = 0;
                 while k < pool.partial[class].len() {
                     let id = pool.partial[class][k];
@@ -563,7 +568,12 @@ impl<B: DeviceBackend> Allocator<B> {
                 slab.check()
                     .map_err(|e| AllocError::Invariant(format!("slab {id}: {e}")))?;
                 let listed = pool.partial[slab.class as usize].contains(&(id as u32));
-                if listed != slab.in_partial || slab.in_partial == slab.free.is_empty() {
+                let spare = pool.spare[slab.class as usize] == id as u32;
+                if listed != slab.in_partial
+                    || (slab.in_partial && (slab.free.is_empty() || slab.used == 0))
+                    || (spare && (listed || slab.used != 0))
+                    || (!listed && !spare && !slab.free.is_empty())
+                {
                     return bad(format!("slab {id}: partial list membership is wrong"));
                 }
                 if pool.buddy.owner_at(slab.seg, slab.off) != Some(SLAB_TAG | id as u32) {
