@@ -49,6 +49,10 @@ pub struct AllocConfig {
     /// Objects per slab, at least (a slab is `max(slab_min_bytes, objects x class)`
     /// rounded up to the minimum block).
     pub slab_objects: u64,
+    /// Empty slabs kept per size class (and stream) instead of going back to the buddy
+    /// tree: churn near a slab boundary would otherwise carve and free a slab every
+    /// few operations. They are given back by `coalesce`, `empty_cache` and on OOM.
+    pub slab_spares: u32,
     /// Device segments are multiples of this (the GPU page: 2 MiB).
     pub segment_granule: u64,
     /// Use one growable (virtually contiguous) segment per stream when the backend
@@ -97,6 +101,7 @@ impl Default for AllocConfig {
             classes_per_doubling: 4,
             slab_min_bytes: 64 << 10,
             slab_objects: 8,
+            slab_spares: 4,
             segment_granule: 2 << 20,
             growable_segments: true,
             growth_initial: 32 << 20,
@@ -169,6 +174,7 @@ impl AllocConfig {
                 "classes_per_doubling" => self.classes_per_doubling = int(v)? as u32,
                 "slab_min_bytes" => self.slab_min_bytes = parse_bytes(v)?,
                 "slab_objects" => self.slab_objects = int(v)?,
+                "slab_spares" => self.slab_spares = int(v)? as u32,
                 "segment_granule" => self.segment_granule = parse_bytes(v)?,
                 "growable_segments" => {
                     self.growable_segments = match v {

@@ -297,8 +297,7 @@ impl<B: DeviceBackend> Allocator<B> {
             self.flush_cache(stream)?;
             let pool = self.pools[stream as usize].as_mut().expect("pool");
             for class in 0..pool.partial.len() {
-                let spare = std::mem::replace(&mut pool.spare[class], NIL);
-                if spare != NIL {
+                for spare in std::mem::take(&mut pool.spares[class]) {
                     let slab = &mut self.slabs[spare as usize];
                     pool.buddy.free_run(slab.run(), slab.len());
                     slab.live = false;
@@ -568,7 +567,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 slab.check()
                     .map_err(|e| AllocError::Invariant(format!("slab {id}: {e}")))?;
                 let listed = pool.partial[slab.class as usize].contains(&(id as u32));
-                let spare = pool.spare[slab.class as usize] == id as u32;
+                let spare = pool.spares[slab.class as usize].contains(&(id as u32));
                 if listed != slab.in_partial
                     || (slab.in_partial && (slab.free.is_empty() || slab.used == 0))
                     || (spare && (listed || slab.used != 0))

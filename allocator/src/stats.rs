@@ -106,6 +106,8 @@ pub struct AllocStats {
     pub cache_flushes: u64,
     /// Small requests served by slabs.
     pub slab_allocs: u64,
+    /// Slabs carved from the buddy trees (a measure of slab churn).
+    pub slabs_carved: u64,
     /// Requests that failed with out-of-memory (after the retry).
     pub ooms: u64,
     /// Times an out-of-memory made the allocator release caches and retry.

@@ -212,6 +212,7 @@ impl<B: DeviceBackend> ReplayTarget for Allocator<B> {
             "cache_hits": s.cache_hits,
             "cache_flushes": s.cache_flushes,
             "slab_allocs": s.slab_allocs,
+            "slabs_carved": s.slabs_carved,
             "oom_retries": s.oom_retries,
             "alloc_latency_p50_ns": s.latency.quantile_ns(0.5),
             "alloc_latency_p99_ns": s.latency.quantile_ns(0.99),
