@@ -4,10 +4,12 @@
 //! - [`backend`]: the [`DeviceBackend`] trait (segments, copies,
 //!   streams, events, time) with the `host` and `sim` backends and composable adaptors;
 //! - [`buddy`]: segments as buddy trees (power-of-two blocks as index-linked nodes, runs
-//!   of blocks for non-power-of-two requests), or as extents and runs for large segments;
-//! - [`extents`]: the placement index (best fit over coalesced free extents, TLSF bins);
+//!   of blocks for non-power-of-two requests); large segments keep no tree;
+//! - [`extents`]: the placement index (blocks in address order, best fit over the free
+//!   ones in TLSF bins);
 //! - [`slab`]: size classes and slabs for small objects;
-//! - [`pool`] + `maint`: the [`Allocator`] (per-stream pools, caches, growth, release);
+//! - [`pool`] + `maint` + `record`: the [`Allocator`] (per-stream pools, caches, growth,
+//!   release) and its record table;
 //! - [`policy`]: the decisions a forecaster can take over (growth, release, advice);
 //! - [`stats`]: what it counts; [`config`]: its knobs and `MEMCAST_ALLOC_CONF`;
 //! - [`shared`]: a thread-safe wrapper;
@@ -20,9 +22,11 @@ pub mod buddy;
 pub mod config;
 pub mod error;
 pub mod extents;
+mod fxmap;
 mod maint;
 pub mod policy;
 pub mod pool;
+mod record;
 pub mod replay;
 pub mod shared;
 pub mod slab;

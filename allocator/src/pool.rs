@@ -20,18 +20,18 @@
 //! run; both are a few array accesses. A miss carves a run from the buddy trees; only a
 //! miss there calls the device.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use serde::Serialize;
 
 use crate::backend::{DeviceBackend, DevicePtr, EventId, StreamId, StreamPriority};
 use crate::buddy::{BuddyPool, Run, NIL};
 use crate::config::{AllocConfig, Coalesce, Release};
 use crate::error::AllocError;
+use crate::fxmap;
+pub(crate) use crate::fxmap::FxMap;
 use crate::policy::{
     GrowthPolicy, KeepUntilOom, ReactiveGrowth, ReleaseImmediately, ReleasePolicy,
 };
+pub(crate) use crate::record::{RecState, Record};
 use crate::slab::{SizeClasses, Slab};
 use crate::stats::AllocStats;
 
@@ -49,95 +49,11 @@ pub struct Allocation {
     pub(crate) gen: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RecState {
-    Free,
-    Live,
-    /// A freed run kept whole in its stream's cache (deferred coalescing).
-    Cached,
-    /// Freed, waiting for events on other streams.
-    Pending,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Record {
-    pub ptr: u64,
-    pub requested: u64,
-    /// Bytes taken: the run length, or the slab class size.
-    pub size: u64,
-    /// Run: segment; slab: slab id.
-    pub seg_or_slab: u32,
-    /// Run: offset in the segment; slab: slot.
-    pub off_or_slot: u64,
-    /// Run: its block in the placement index (what a free hands back); slab: NIL.
-    pub blk: u32,
-    pub stream: u32,
-    pub gen: u32,
-    pub state: RecState,
-    pub slab: bool,
-    /// Other streams that used it (bit s = stream s; bit 63 = streams >= 63).
-    pub uses: u64,
-    /// Next cached run of the same length (state Cached), NIL at the end.
-    pub next: u32,
-}
-
-impl Record {
-    /// The run of a run record.
-    #[inline]
-    pub fn run(&self) -> Run {
-        debug_assert!(!self.slab);
-        Run {
-            seg: self.seg_or_slab,
-            off: self.off_or_slot,
-            blk: self.blk,
-        }
-    }
-
-    #[inline]
-    pub fn set_run(&mut self, run: Run) {
-        self.seg_or_slab = run.seg;
-        self.off_or_slot = run.off;
-        self.blk = run.blk;
-    }
-}
-
-/// A cheap hasher for integer keys (run lengths, (segment, offset) pairs). Offsets are
-/// multiples of 256, so the finaliser mixes high bits down: hashbrown indexes buckets by
-/// the low bits (a plain multiply left them zero and every key collided).
-#[derive(Default, Clone, Copy)]
-pub(crate) struct FxHasher(u64);
-
-const K: u64 = 0x9E37_79B9_7F4A_7C15;
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        let h = self.0.wrapping_mul(K);
-        h ^ (h >> 29) ^ (h >> 47)
-    }
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(K);
-        }
-    }
-    #[inline]
-    fn write_u32(&mut self, v: u32) {
-        self.0 = (self.0.rotate_left(5) ^ v as u64).wrapping_mul(K);
-    }
-    #[inline]
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(K);
-    }
-}
-
 /// Slot of a length in `StreamPool::recent`.
 #[inline]
 fn recent_slot(len: u64) -> usize {
-    ((len >> 8).wrapping_mul(K) >> 58) as usize
+    ((len >> 8).wrapping_mul(fxmap::K) >> 58) as usize
 }
-
-pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// One stream's memory.
 #[derive(Debug)]

@@ -1,0 +1,56 @@
+//! The allocator's record table entries: one per allocation handle (generation-checked),
+//! so that a free is O(1) and a stale or forged handle is an error, not corruption.
+
+use crate::buddy::Run;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RecState {
+    Free,
+    Live,
+    /// A freed run kept whole in its stream's cache (deferred coalescing).
+    Cached,
+    /// Freed, waiting for events on other streams.
+    Pending,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Record {
+    pub ptr: u64,
+    pub requested: u64,
+    /// Bytes taken: the run length, or the slab class size.
+    pub size: u64,
+    /// Run: segment; slab: slab id.
+    pub seg_or_slab: u32,
+    /// Run: offset in the segment; slab: slot.
+    pub off_or_slot: u64,
+    /// Run: its block in the placement index (what a free hands back); slab: NIL.
+    pub blk: u32,
+    pub stream: u32,
+    pub gen: u32,
+    pub state: RecState,
+    pub slab: bool,
+    /// Other streams that used it (bit s = stream s; bit 63 = streams >= 63).
+    pub uses: u64,
+    /// Next cached run of the same length (state Cached), NIL at the end.
+    pub next: u32,
+}
+
+impl Record {
+    /// The run of a run record.
+    #[inline]
+    pub fn run(&self) -> Run {
+        debug_assert!(!self.slab);
+        Run {
+            seg: self.seg_or_slab,
+            off: self.off_or_slot,
+            blk: self.blk,
+        }
+    }
+
+    #[inline]
+    pub fn set_run(&mut self, run: Run) {
+        self.seg_or_slab = run.seg;
+        self.off_or_slot = run.off;
+        self.blk = run.blk;
+    }
+}
