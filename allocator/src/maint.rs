@@ -206,10 +206,11 @@ impl<B: DeviceBackend> Allocator<B> {
     ) -> Result<(), AllocError> {
         let pool = self.pools[stream as usize].as_ref().expect("pool");
         let s = &pool.buddy.segs[seg as usize];
-        // Cheap tests first: most frees leave their segment in use and its tail busy.
-        if !s.live || (!s.growable && s.used != 0) || !self.release.active() {
+        if !s.live {
             return Ok(());
         }
+        // Cheap tests before the policy call: most frees leave their segment in use
+        // and its tail busy (the tail is one O(1) look at the segment's last block).
         let bytes = if s.growable {
             let t = pool.buddy.trailing_free(seg);
             t - t % self.granule()
@@ -218,7 +219,7 @@ impl<B: DeviceBackend> Allocator<B> {
         } else {
             0
         };
-        if bytes == 0 {
+        if bytes == 0 || !self.release.active() {
             return Ok(());
         }
         let view = SegmentView {

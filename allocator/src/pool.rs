@@ -422,8 +422,8 @@ impl<B: DeviceBackend> Allocator<B> {
         if pool.cached_runs > 0 {
             self.flush_cache(stream)?;
         }
-        // The record is created first so that the run's nodes carry its id.
-        let id = self.new_record(Record {
+        // The record id comes first so that the run's nodes carry it.
+        let rec = Record {
             ptr: 0,
             requested: bytes,
             size: len,
@@ -436,26 +436,32 @@ impl<B: DeviceBackend> Allocator<B> {
             slab: false,
             uses: 0,
             next: NIL,
-        });
-        match self.obtain_run(stream, len, id, false) {
-            Ok(run) => {
-                let base = self.pools[stream as usize]
-                    .as_ref()
-                    .expect("pool")
-                    .buddy
-                    .segs[run.seg as usize]
-                    .base;
-                let r = &mut self.records[id as usize];
-                r.ptr = base + run.off;
-                r.set_run(run);
-                r.state = RecState::Live;
-                Ok(self.handle(id))
-            }
-            Err(e) => {
-                self.free_records.push(id);
-                Err(e)
-            }
-        }
+        };
+        let id = self.new_record(rec);
+        // Common case, inline: room in this stream's placement index (no device call,
+        // no second pool lookup). Otherwise `obtain_run` tries everything else.
+        let pool = self.pools[stream as usize].as_mut().expect("pool");
+        let run = match pool.buddy.find_run(len, self.cfg.run_scan, false) {
+            Some(spot) => pool.buddy.carve(spot, len, id),
+            None => match self.obtain_run(stream, len, id, false) {
+                Ok(run) => run,
+                Err(e) => {
+                    self.free_records.push(id);
+                    return Err(e);
+                }
+            },
+        };
+        let base = self.pools[stream as usize]
+            .as_ref()
+            .expect("pool")
+            .buddy
+            .segs[run.seg as usize]
+            .base;
+        let r = &mut self.records[id as usize];
+        r.ptr = base + run.off;
+        r.set_run(run);
+        r.state = RecState::Live;
+        Ok(self.handle(id))
     }
 
     /// Validates a handle; returns its record id.
