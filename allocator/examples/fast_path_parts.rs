@@ -3,6 +3,7 @@
 //! best of the runs after three warm-up runs).
 //!
 //! `cargo run --release -p memcast-alloc --example fast_path_parts [RUNS]`
+//! (memcast's configuration from `MEMCAST_ALLOC_CONF`, as in the bench)
 //!
 //! Parts: `small` (256 B-64 KiB: slabs), `mid` (64 KiB-1 MiB), `big` (1-16 MiB), `mixed`
 //! (the bench's mix), `trace` (resnet50_b64_train's sequence), and `extents`: memcast's
@@ -90,7 +91,8 @@ fn best(runs: usize, pairs: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn memcast() -> Allocator<SimBackend> {
-    Allocator::new(SimBackend::h200(), AllocConfig::default()).expect("allocator")
+    let cfg = AllocConfig::from_env().expect("MEMCAST_ALLOC_CONF");
+    Allocator::new(SimBackend::h200(), cfg).expect("allocator")
 }
 
 fn offset() -> offset_allocator::Allocator {
