@@ -28,7 +28,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::{DeviceBackend, DevicePtr, StreamPriority};
 use crate::error::AllocError;
+use crate::replay::warmup::{self, Warmup, WarmupPlan};
 use crate::replay::ReplayTarget;
+use memcast_trace::Trace;
 
 pub const K_MIN_BLOCK_SIZE: u64 = 512;
 pub const K_SMALL_SIZE: u64 = 1 << 20;
@@ -37,13 +39,22 @@ pub const K_LARGE_BUFFER: u64 = 20 << 20;
 pub const K_MIN_LARGE_ALLOC: u64 = 10 << 20;
 pub const K_ROUND_LARGE: u64 = 2 << 20;
 
-/// The `PYTORCH_CUDA_ALLOC_CONF` settings the emulation honours.
+/// The `PYTORCH_CUDA_ALLOC_CONF` settings the emulation honours, and how the replay
+/// models the process before the recording.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct PytorchConfig {
     /// Blocks at least this large are never split (`max_split_size_mb`; default off).
     pub max_split_size: u64,
     /// Segment size for 1-10 MiB requests (`kLargeBuffer`).
     pub large_segment_size: u64,
+    /// The modelled warm-up iteration that creates the static blocks ([`warmup`];
+    /// default `first`; `none` allocates them first, densely).
+    pub warmup: Warmup,
+    /// Tensors per parameter counting optimizer state (3: Adam, 2: momentum SGD,
+    /// 1: none); 0 (default) infers it from the static blocks
+    /// ([`warmup::state_copies`]).
+    pub state_copies: usize,
 }
 
 impl Default for PytorchConfig {
@@ -51,7 +62,16 @@ impl Default for PytorchConfig {
         PytorchConfig {
             max_split_size: u64::MAX,
             large_segment_size: K_LARGE_BUFFER,
+            warmup: Warmup::First,
+            state_copies: 0,
         }
+    }
+}
+
+impl PytorchConfig {
+    /// The warm-up to replay before `trace`'s recording, if any.
+    pub fn warmup_plan(&self, trace: &Trace) -> Option<WarmupPlan> {
+        warmup::plan(trace, self.warmup, self.state_copies)
     }
 }
 
@@ -329,6 +349,47 @@ impl<B: DeviceBackend> PytorchEmu<B> {
         }
         let k = Self::key(&self.blocks[i as usize]);
         self.pool(small).insert(k, i);
+    }
+}
+
+/// One device segment of the emulation, as PyTorch's snapshot describes its own
+/// (`torch.cuda.memory._snapshot()["segments"]`): for comparing layouts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SegmentView {
+    pub size: u64,
+    pub small: bool,
+    pub stream: u32,
+    /// `(size, allocated)` of each block, in address order.
+    pub blocks: Vec<(u64, bool)>,
+}
+
+impl<B: DeviceBackend> PytorchEmu<B> {
+    /// The segments held now, in creation order.
+    pub fn segments(&self) -> Vec<SegmentView> {
+        let dead: std::collections::HashSet<u32> = self.dead.iter().copied().collect();
+        let mut heads: Vec<(u64, u32)> = (0..self.blocks.len() as u32)
+            .filter(|i| !dead.contains(i) && self.blocks[*i as usize].prev == NIL)
+            .map(|i| (self.blocks[i as usize].reg, i))
+            .collect();
+        heads.sort_unstable();
+        heads
+            .into_iter()
+            .map(|(_, mut i)| {
+                let head = self.blocks[i as usize];
+                let mut blocks = Vec::new();
+                while i != NIL {
+                    let b = &self.blocks[i as usize];
+                    blocks.push((b.size, b.allocated));
+                    i = b.next;
+                }
+                SegmentView {
+                    size: blocks.iter().map(|b| b.0).sum(),
+                    small: head.small,
+                    stream: head.stream,
+                    blocks,
+                }
+            })
+            .collect()
     }
 }
 
