@@ -8,8 +8,11 @@
 //! - `get_allocation_size`: a small request takes a `kSmallBuffer` (2 MiB) segment; a
 //!   large one below `kMinLargeAlloc` (10 MiB) a `kLargeBuffer` (20 MiB) segment;
 //!   larger ones a segment of the size rounded up to `kRoundLarge` (2 MiB);
-//! - `get_free_block`: best fit: the free block ordered first by (stream, size,
-//!   segment registration counter, address) with size >= the request; with the default
+//! - `get_free_block`: best fit: the first free block in (stream, size, address)
+//!   order (`BlockComparatorSize`) with size >= the request. The emulation orders ties
+//!   by (segment creation order, address): the same order as long as new segments get
+//!   higher addresses, which the sim backend's do and CUDA's need not (the effect of
+//!   the tie order is measured in docs/allocator.md). With the default
 //!   `max_split_size` (unlimited) no oversize rule applies;
 //! - `should_split`: small pool: if the remainder >= 512 B; large pool: if the
 //!   remainder > 1 MiB (else the whole block is handed out: internal waste up to 1 MiB);
@@ -19,7 +22,9 @@
 //! - blocks are tied to their stream: a freed block serves only its stream.
 //!
 //! Not emulated: `record_stream` events (traces carry none), CUDA graph pools,
-//! `garbage_collection_threshold`, expandable segments. Where the result differs from
+//! `garbage_collection_threshold`, expandable segments, `empty_cache()` calls (traces
+//! record none). The replay models the warm-up iteration that created the trace's
+//! static blocks ([`warmup`], `PytorchConfig::warmup`). Where the result differs from
 //! PyTorch's own figures and why: docs/allocator.md.
 
 use std::collections::BTreeMap;
