@@ -397,6 +397,34 @@ mod tests {
         assert!(plan(&no_iteration, Warmup::First, 0).is_none());
     }
 
+    /// The rule reads synthetic traces too: a generated BERT trained with AdamW has its
+    /// state recognised and placed as on the real trace (the same layout gain); an
+    /// inference trace has none, and its warm-up changes nothing.
+    #[test]
+    fn synthetic_traces_get_the_same_warm_up() {
+        use memcast_trace::synth::{generate, Family, Mode, SynthConfig};
+        let peak = |t: &Trace, warmup| {
+            let opts = ReplayOptions {
+                policy: crate::replay::Policy::Pytorch,
+                pytorch: PytorchConfig {
+                    warmup,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            crate::replay::replay(t, &opts).unwrap().peak_reserved_bytes
+        };
+        let mut cfg = SynthConfig::preset(Family::Bert);
+        cfg.iterations = 2;
+        let train = generate(&cfg).unwrap();
+        assert_eq!(plan(&train, Warmup::First, 0).unwrap().copies, 3);
+        assert!(peak(&train, Warmup::First) < peak(&train, Warmup::None));
+        cfg.mode = Mode::Infer;
+        let infer = generate(&cfg).unwrap();
+        assert_eq!(plan(&infer, Warmup::First, 0).unwrap().copies, 1);
+        assert_eq!(peak(&infer, Warmup::First), peak(&infer, Warmup::None));
+    }
+
     /// Worked by hand from PyTorch's rules (1-10 MiB requests take 20 MiB segments,
     /// larger ones their size rounded to 2 MiB; large blocks split when more than
     /// 1 MiB remains).
