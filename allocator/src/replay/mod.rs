@@ -5,7 +5,9 @@
 //! order; then every event: `Alloc` allocates, `Free` frees, `Access` and
 //! `IterationBoundary` only advance the clock. On the `sim` device the clock follows the
 //! trace's timestamps (compute time) plus the device calls' costs, so `device_time_us`
-//! is the time the host spent blocked in device calls.
+//! is the time the host spent blocked in device calls. The `pytorch` policy creates the
+//! static blocks through a modelled warm-up iteration instead ([`warmup`]), as the
+//! recorded process did.
 //!
 //! Metrics (one definition, used everywhere):
 //! - `peak_requested_bytes`: max over time of live requested bytes, static included;
