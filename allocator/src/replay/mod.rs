@@ -417,7 +417,10 @@ pub fn run_warm<T: ReplayTarget>(
     if opts.check_every > 0 {
         t.check().map_err(fail(trace.events.len() as u64))?;
     }
-    let extra = t.extra();
+    let mut extra = t.extra();
+    if let (Some(plan), Some(obj)) = (warmup, extra.as_object_mut()) {
+        obj.insert("warmup".into(), plan.summary());
+    }
     let internal_waste_at_peak = extra
         .get("internal_waste_at_peak")
         .and_then(|v| v.as_u64())

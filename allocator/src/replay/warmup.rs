@@ -58,6 +58,19 @@ pub struct WarmupPlan {
     pub copies: usize,
 }
 
+impl WarmupPlan {
+    /// What the warm-up inferred, for the replay report's `extra.warmup`.
+    pub fn summary(&self) -> serde_json::Value {
+        serde_json::json!({
+            "state_copies": self.copies,
+            "static_blocks_first": self.before.len(),
+            "state_blocks": self.state.len(),
+            "iteration_events": [self.iteration.start, self.iteration.end],
+            "step_at_event": self.step_at,
+        })
+    }
+}
+
 /// The share of static bytes that must sit in size classes whose count is a multiple
 /// of `m` for the static blocks to be read as parameters plus `m - 1` state copies.
 /// With Adam or momentum SGD every parameter has its state, so nearly all static bytes
