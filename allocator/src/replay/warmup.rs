@@ -80,18 +80,21 @@ pub const STATE_SHARE: f64 = 0.9;
 
 /// `m`: 3 (Adam-like), 2 (momentum-like) or 1 (no optimizer state recognised).
 pub fn state_copies(trace: &Trace) -> usize {
-    let total = trace.static_bytes();
-    if total == 0 {
+    let count = size_classes(trace);
+    // u128: sizes come from the input, and a sum must not overflow on any trace.
+    let bytes = |keep: &dyn Fn(usize) -> bool| -> f64 {
+        count
+            .iter()
+            .filter(|(_, idx)| keep(idx.len()))
+            .map(|(&s, idx)| u128::from(s) * idx.len() as u128)
+            .sum::<u128>() as f64
+    };
+    let total = bytes(&|_| true);
+    if total == 0.0 {
         return 1;
     }
-    let count = size_classes(trace);
     for m in [3usize, 2] {
-        let bytes: u64 = count
-            .iter()
-            .filter(|(_, idx)| idx.len() % m == 0)
-            .map(|(&s, idx)| s * idx.len() as u64)
-            .sum();
-        if bytes as f64 >= STATE_SHARE * total as f64 {
+        if bytes(&|c| c % m == 0) >= STATE_SHARE * total {
             return m;
         }
     }
@@ -371,6 +374,8 @@ mod tests {
         // Inference: repeated layers, but the one-off embedding breaks the pattern.
         assert_eq!(state_copies(&t(&[50, 6, 6, 6, 6, 6, 6])), 1);
         assert_eq!(state_copies(&t(&[])), 1);
+        // Sizes from the input cannot overflow the shares.
+        assert_eq!(state_copies(&t(&[u64::MAX; 3])), 3);
         // Parameters first, in order; state parameter by parameter.
         let tr = t(&[8, 4, 8, 4, 8, 4, 1]);
         let p = plan(
