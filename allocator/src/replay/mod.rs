@@ -5,7 +5,9 @@
 //! order; then every event: `Alloc` allocates, `Free` frees, `Access` and
 //! `IterationBoundary` only advance the clock. On the `sim` device the clock follows the
 //! trace's timestamps (compute time) plus the device calls' costs, so `device_time_us`
-//! is the time the host spent blocked in device calls.
+//! is the time the host spent blocked in device calls. The `pytorch` policy creates the
+//! static blocks through a modelled warm-up iteration instead ([`warmup`]), as the
+//! recorded process did.
 //!
 //! Metrics (one definition, used everywhere):
 //! - `peak_requested_bytes`: max over time of live requested bytes, static included;
@@ -19,6 +21,9 @@
 
 pub mod naive;
 pub mod pytorch;
+#[cfg(test)]
+mod pytorch_fidelity;
+pub mod warmup;
 
 use std::time::Instant;
 
@@ -146,6 +151,14 @@ pub enum ReplayError {
     },
     #[error("event {index}: {what}")]
     Trace { index: u64, what: String },
+    /// The allocator failed during the modelled warm-up ([`warmup`]) at trace event
+    /// `index`.
+    #[error("warm-up, event {index}")]
+    Warmup {
+        index: u64,
+        #[source]
+        source: AllocError,
+    },
 }
 
 /// An allocator under replay: allocation by opaque handle, with the metrics.
@@ -242,19 +255,13 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, Repla
         }
         (Policy::Pytorch, Device::Sim) => {
             let b = SimBackend::new(opts.sim_capacity, Default::default());
-            run(
-                trace,
-                pytorch::PytorchEmu::new(b, opts.pytorch.clone()),
-                opts,
-            )?
+            let emu = pytorch::PytorchEmu::new(b, opts.pytorch.clone());
+            run_warm(trace, emu, opts, opts.pytorch.warmup_plan(trace).as_ref())?
         }
         (Policy::Pytorch, Device::Host) => {
             let b = HostBackend::new(opts.host_capacity);
-            run(
-                trace,
-                pytorch::PytorchEmu::new(b, opts.pytorch.clone()),
-                opts,
-            )?
+            let emu = pytorch::PytorchEmu::new(b, opts.pytorch.clone());
+            run_warm(trace, emu, opts, opts.pytorch.warmup_plan(trace).as_ref())?
         }
         (Policy::Naive, Device::Sim) => {
             let b = SimBackend::new(opts.sim_capacity, Default::default());
@@ -291,8 +298,19 @@ pub fn peak_requested(trace: &Trace) -> u64 {
 /// The replay loop over any [`ReplayTarget`].
 pub fn run<T: ReplayTarget>(
     trace: &Trace,
+    t: T,
+    opts: &ReplayOptions,
+) -> Result<ReplayReport, ReplayError> {
+    run_warm(trace, t, opts, None)
+}
+
+/// [`run`], the static blocks created by the modelled warm-up `warmup` when given
+/// (not counted in `events`; its device calls are in the device counters).
+pub fn run_warm<T: ReplayTarget>(
+    trace: &Trace,
     mut t: T,
     opts: &ReplayOptions,
+    warmup: Option<&warmup::WarmupPlan>,
 ) -> Result<ReplayReport, ReplayError> {
     let mut live: FxMap<u64, (T::Handle, u32, u64)> = FxMap::default();
     live.reserve(trace.static_blocks.len() + 1024);
@@ -322,9 +340,22 @@ pub fn run<T: ReplayTarget>(
     };
 
     let start = Instant::now();
-    for b in &trace.static_blocks {
-        ensure_stream(&mut t, b.stream, 0)?;
-        let h = t.alloc(b.bytes, b.stream).map_err(fail(0))?;
+    // With a warm-up, its handles; the static blocks it did not create (none, as
+    // planned) are allocated here, first, in order.
+    let mut warmed: Vec<Option<T::Handle>> = vec![None; trace.static_blocks.len()];
+    if let Some(plan) = warmup {
+        for (i, h) in warmup::run(trace, &mut t, plan, &mut ensure_stream)? {
+            warmed[i] = Some(h);
+        }
+    }
+    for (b, w) in trace.static_blocks.iter().zip(warmed) {
+        let h = match w {
+            Some(h) => h,
+            None => {
+                ensure_stream(&mut t, b.stream, 0)?;
+                t.alloc(b.bytes, b.stream).map_err(fail(0))?
+            }
+        };
         if live.insert(b.id, (h, b.stream, b.bytes)).is_some() {
             return Err(ReplayError::Trace {
                 index: 0,
@@ -387,7 +418,10 @@ pub fn run<T: ReplayTarget>(
     if opts.check_every > 0 {
         t.check().map_err(fail(trace.events.len() as u64))?;
     }
-    let extra = t.extra();
+    let mut extra = t.extra();
+    if let (Some(plan), Some(obj)) = (warmup, extra.as_object_mut()) {
+        obj.insert("warmup".into(), plan.summary());
+    }
     let internal_waste_at_peak = extra
         .get("internal_waste_at_peak")
         .and_then(|v| v.as_u64())

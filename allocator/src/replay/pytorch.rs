@@ -8,8 +8,11 @@
 //! - `get_allocation_size`: a small request takes a `kSmallBuffer` (2 MiB) segment; a
 //!   large one below `kMinLargeAlloc` (10 MiB) a `kLargeBuffer` (20 MiB) segment;
 //!   larger ones a segment of the size rounded up to `kRoundLarge` (2 MiB);
-//! - `get_free_block`: best fit: the free block ordered first by (stream, size,
-//!   segment registration counter, address) with size >= the request; with the default
+//! - `get_free_block`: best fit: the first free block in (stream, size, address)
+//!   order (`BlockComparatorSize`) with size >= the request. The emulation orders ties
+//!   by (segment creation order, address): the same order as long as new segments get
+//!   higher addresses, which the sim backend's do and CUDA's need not (the effect of
+//!   the tie order is measured in docs/allocator.md). With the default
 //!   `max_split_size` (unlimited) no oversize rule applies;
 //! - `should_split`: small pool: if the remainder >= 512 B; large pool: if the
 //!   remainder > 1 MiB (else the whole block is handed out: internal waste up to 1 MiB);
@@ -19,7 +22,9 @@
 //! - blocks are tied to their stream: a freed block serves only its stream.
 //!
 //! Not emulated: `record_stream` events (traces carry none), CUDA graph pools,
-//! `garbage_collection_threshold`, expandable segments. Where the result differs from
+//! `garbage_collection_threshold`, expandable segments, `empty_cache()` calls (traces
+//! record none). The replay models the warm-up iteration that created the trace's
+//! static blocks ([`warmup`], `PytorchConfig::warmup`). Where the result differs from
 //! PyTorch's own figures and why: docs/allocator.md.
 
 use std::collections::BTreeMap;
@@ -28,7 +33,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::{DeviceBackend, DevicePtr, StreamPriority};
 use crate::error::AllocError;
+use crate::replay::warmup::{self, Warmup, WarmupPlan};
 use crate::replay::ReplayTarget;
+use memcast_trace::Trace;
 
 pub const K_MIN_BLOCK_SIZE: u64 = 512;
 pub const K_SMALL_SIZE: u64 = 1 << 20;
@@ -37,13 +44,22 @@ pub const K_LARGE_BUFFER: u64 = 20 << 20;
 pub const K_MIN_LARGE_ALLOC: u64 = 10 << 20;
 pub const K_ROUND_LARGE: u64 = 2 << 20;
 
-/// The `PYTORCH_CUDA_ALLOC_CONF` settings the emulation honours.
+/// The `PYTORCH_CUDA_ALLOC_CONF` settings the emulation honours, and how the replay
+/// models the process before the recording.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct PytorchConfig {
     /// Blocks at least this large are never split (`max_split_size_mb`; default off).
     pub max_split_size: u64,
     /// Segment size for 1-10 MiB requests (`kLargeBuffer`).
     pub large_segment_size: u64,
+    /// The modelled warm-up iteration that creates the static blocks ([`warmup`];
+    /// default `first`; `none` allocates them first, densely).
+    pub warmup: Warmup,
+    /// Tensors per parameter counting optimizer state (3: Adam, 2: momentum SGD,
+    /// 1: none); 0 (default) infers it from the static blocks
+    /// ([`warmup::state_copies`]).
+    pub state_copies: usize,
 }
 
 impl Default for PytorchConfig {
@@ -51,7 +67,16 @@ impl Default for PytorchConfig {
         PytorchConfig {
             max_split_size: u64::MAX,
             large_segment_size: K_LARGE_BUFFER,
+            warmup: Warmup::First,
+            state_copies: 0,
         }
+    }
+}
+
+impl PytorchConfig {
+    /// The warm-up to replay before `trace`'s recording, if any.
+    pub fn warmup_plan(&self, trace: &Trace) -> Option<WarmupPlan> {
+        warmup::plan(trace, self.warmup, self.state_copies)
     }
 }
 
@@ -329,6 +354,47 @@ impl<B: DeviceBackend> PytorchEmu<B> {
         }
         let k = Self::key(&self.blocks[i as usize]);
         self.pool(small).insert(k, i);
+    }
+}
+
+/// One device segment of the emulation, as PyTorch's snapshot describes its own
+/// (`torch.cuda.memory._snapshot()["segments"]`): for comparing layouts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SegmentView {
+    pub size: u64,
+    pub small: bool,
+    pub stream: u32,
+    /// `(size, allocated)` of each block, in address order.
+    pub blocks: Vec<(u64, bool)>,
+}
+
+impl<B: DeviceBackend> PytorchEmu<B> {
+    /// The segments held now, in creation order.
+    pub fn segments(&self) -> Vec<SegmentView> {
+        let dead: std::collections::HashSet<u32> = self.dead.iter().copied().collect();
+        let mut heads: Vec<(u64, u32)> = (0..self.blocks.len() as u32)
+            .filter(|i| !dead.contains(i) && self.blocks[*i as usize].prev == NIL)
+            .map(|i| (self.blocks[i as usize].reg, i))
+            .collect();
+        heads.sort_unstable();
+        heads
+            .into_iter()
+            .map(|(_, mut i)| {
+                let head = self.blocks[i as usize];
+                let mut blocks = Vec::new();
+                while i != NIL {
+                    let b = &self.blocks[i as usize];
+                    blocks.push((b.size, b.allocated));
+                    i = b.next;
+                }
+                SegmentView {
+                    size: blocks.iter().map(|b| b.0).sum(),
+                    small: head.small,
+                    stream: head.stream,
+                    blocks,
+                }
+            })
+            .collect()
     }
 }
 

@@ -1,0 +1,499 @@
+//! A modelled warm-up iteration: how a training process created the trace's static
+//! blocks before recording began, so that an allocator emulation starts the recording
+//! with the segment layout such a process would have.
+//!
+//! A recorded trace starts after warm-up: its static blocks (parameters, optimizer
+//! state, workspaces) already live, placed by the recording allocator among the
+//! activations of the warm-up iteration. Allocating them all first, densely, gives a
+//! caching allocator a layout that the real process never had (docs/allocator.md,
+//! "Validating the PyTorch emulation", shows the two layouts side by side). The model:
+//! 1. every static block not recognised as optimizer state (parameters, buffers,
+//!    workspaces) is allocated first, in trace order, as `model.to(device)` does;
+//! 2. one iteration of the trace is replayed; the optimizer state is allocated where a
+//!    first `optimizer.step()` creates it (see [`step_point`]), parameter by parameter,
+//!    `copies - 1` tensors each, as `Adam` (`exp_avg`, `exp_avg_sq`) and momentum `SGD`
+//!    (`momentum_buffer`) do;
+//! 3. what the warm-up iteration still holds is freed; the recording then replays from
+//!    its first event, the static blocks live.
+//!
+//! Optimizer state is recognised by shape alone (traces carry no tensor roles): an
+//! optimizer keeping `m - 1` state tensors per parameter makes the count of static
+//! blocks of every parameter size a multiple of `m`. See [`state_copies`].
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use memcast_trace::{EventKind, Trace};
+use serde::{Deserialize, Serialize};
+
+use crate::replay::{ReplayError, ReplayTarget};
+
+/// Which iteration of the trace the modelled warm-up replays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Warmup {
+    /// No warm-up: static blocks are allocated first, then the recording.
+    None,
+    /// The trace's first iteration (a warm-up like the first recorded iteration).
+    #[default]
+    First,
+    /// The iteration with the largest peak demand: for recordings whose warm-up ran at
+    /// the largest shape (a common way to pre-reserve memory for dynamic shapes).
+    Largest,
+}
+
+/// What the warm-up allocates and when. Indices are into `trace.static_blocks` and
+/// `trace.events`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmupPlan {
+    /// Static blocks allocated before the warm-up iteration, in order.
+    pub before: Vec<usize>,
+    /// Static blocks (optimizer state) allocated before event `step_at`, in order.
+    pub state: Vec<usize>,
+    /// The events replayed as the warm-up iteration.
+    pub iteration: Range<usize>,
+    /// The event index in `iteration` (or its end) before which `state` is allocated.
+    pub step_at: usize,
+    /// Tensors per parameter: 1 when no optimizer state was recognised.
+    pub copies: usize,
+}
+
+impl WarmupPlan {
+    /// What the warm-up inferred, for the replay report's `extra.warmup`.
+    pub fn summary(&self) -> serde_json::Value {
+        serde_json::json!({
+            "state_copies": self.copies,
+            "static_blocks_first": self.before.len(),
+            "state_blocks": self.state.len(),
+            "iteration_events": [self.iteration.start, self.iteration.end],
+            "step_at_event": self.step_at,
+        })
+    }
+}
+
+/// The share of static bytes that must sit in size classes whose count is a multiple
+/// of `m` for the static blocks to be read as parameters plus `m - 1` state copies.
+/// With Adam or momentum SGD every parameter has its state, so nearly all static bytes
+/// pass (the rest: buffers, workspaces); without an optimizer (inference) the one-off
+/// tensors (embeddings, heads: count 1) fail, however regular the repeated layers are.
+pub const STATE_SHARE: f64 = 0.9;
+
+/// `m`: 3 (Adam-like), 2 (momentum-like) or 1 (no optimizer state recognised).
+pub fn state_copies(trace: &Trace) -> usize {
+    let count = size_classes(trace);
+    // u128: sizes come from the input, and a sum must not overflow on any trace.
+    let bytes = |keep: &dyn Fn(usize) -> bool| -> f64 {
+        count
+            .iter()
+            .filter(|(_, idx)| keep(idx.len()))
+            .map(|(&s, idx)| u128::from(s) * idx.len() as u128)
+            .sum::<u128>() as f64
+    };
+    let total = bytes(&|_| true);
+    if total == 0.0 {
+        return 1;
+    }
+    for m in [3usize, 2] {
+        if bytes(&|c| c % m == 0) >= STATE_SHARE * total {
+            return m;
+        }
+    }
+    1
+}
+
+/// The warm-up plan for `trace`: `copies` tensors per parameter (0: [`state_copies`]),
+/// replaying the iteration `which` picks. `None` for [`Warmup::None`] and for traces
+/// without a whole iteration (fewer than two iteration boundaries).
+pub fn plan(trace: &Trace, which: Warmup, copies: usize) -> Option<WarmupPlan> {
+    let bounds: Vec<usize> = trace
+        .events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| matches!(e.kind, EventKind::IterationBoundary))
+        .map(|(i, _)| i)
+        .collect();
+    let iterations = bounds.windows(2).map(|w| w[0] + 1..w[1]);
+    let iteration = match which {
+        Warmup::None => return None,
+        Warmup::First => iterations.clone().next()?,
+        // The first of the iterations with the largest peak.
+        Warmup::Largest => {
+            iterations
+                .map(|it| (demand(trace, it.clone()).0, it))
+                .fold(
+                    None,
+                    |best: Option<(i128, Range<usize>)>, (p, it)| match best {
+                        Some((bp, _)) if bp >= p => best,
+                        _ => Some((p, it)),
+                    },
+                )?
+                .1
+        }
+    };
+    let copies = if copies == 0 {
+        state_copies(trace)
+    } else {
+        copies
+    };
+    let (before, state) = split_state(trace, copies);
+    Some(WarmupPlan {
+        before,
+        state,
+        step_at: step_point(trace, iteration.clone()),
+        iteration,
+        copies,
+    })
+}
+
+/// Static block indices by requested size, each list in trace order.
+fn size_classes(trace: &Trace) -> HashMap<u64, Vec<usize>> {
+    let mut by_size: HashMap<u64, Vec<usize>> = HashMap::new();
+    for (i, b) in trace.static_blocks.iter().enumerate() {
+        by_size.entry(b.bytes).or_default().push(i);
+    }
+    by_size
+}
+
+/// Splits the static blocks into (allocated first, optimizer state). In each size
+/// class whose count `c` is a multiple of `copies`, the first `c / copies` blocks are
+/// parameters and the others their state; the state is ordered parameter by
+/// parameter (in the parameters' trace order), `copies - 1` blocks each.
+fn split_state(trace: &Trace, copies: usize) -> (Vec<usize>, Vec<usize>) {
+    let n = trace.static_blocks.len();
+    if copies <= 1 {
+        return ((0..n).collect(), Vec::new());
+    }
+    let mut is_state = vec![false; n];
+    let mut state_of: HashMap<usize, &[usize]> = HashMap::new();
+    let classes = size_classes(trace);
+    for idx in classes.values().filter(|idx| idx.len() % copies == 0) {
+        let params = idx.len() / copies;
+        let (firsts, rest) = idx.split_at(params);
+        for (p, st) in firsts.iter().zip(rest.chunks(copies - 1)) {
+            for &s in st {
+                is_state[s] = true;
+            }
+            state_of.insert(*p, st);
+        }
+    }
+    let before: Vec<usize> = (0..n).filter(|&i| !is_state[i]).collect();
+    let state = before
+        .iter()
+        .filter_map(|p| state_of.get(p))
+        .flat_map(|st| st.iter().copied())
+        .collect();
+    (before, state)
+}
+
+/// The live-demand curve of events `it`: `(peak, curve)` where `curve[k]` is the
+/// demand (relative to the iteration's start) before event `it.start + k`.
+fn demand(trace: &Trace, it: Range<usize>) -> (i128, Vec<i128>) {
+    let mut sizes: HashMap<u64, i128> = HashMap::new();
+    let mut live: i128 = 0;
+    let mut curve = Vec::with_capacity(it.len() + 1);
+    for e in &trace.events[it] {
+        curve.push(live);
+        match e.kind {
+            EventKind::Alloc { id, bytes, .. } => {
+                sizes.insert(id, i128::from(bytes));
+                live += i128::from(bytes);
+            }
+            // Frees of tensors from before the iteration do not count: the curve
+            // measures what the iteration itself holds.
+            EventKind::Free { id } => live -= sizes.remove(&id).unwrap_or(0),
+            _ => {}
+        }
+    }
+    curve.push(live);
+    (curve.iter().copied().max().unwrap_or(0), curve)
+}
+
+/// Where a first `optimizer.step()` runs: after backward, when the iteration holds the
+/// least, before the trailing run of frees (`zero_grad` releasing the gradients).
+/// Formally: the first event index of minimum live demand between the iteration's
+/// (first) peak and its last allocation; the iteration's end when nothing is
+/// allocated after the peak. On the shared PyTorch traces this lands within five
+/// events of the recorded `Optimizer.step` annotation (docs/allocator.md).
+pub fn step_point(trace: &Trace, it: Range<usize>) -> usize {
+    let (peak, curve) = demand(trace, it.clone());
+    let at_peak = curve.iter().position(|&d| d == peak).unwrap_or(0);
+    let last_alloc = trace.events[it.clone()]
+        .iter()
+        .rposition(|e| matches!(e.kind, EventKind::Alloc { .. }));
+    match last_alloc {
+        Some(k) if k >= at_peak => (at_peak..=k + 1)
+            .min_by_key(|&j| (curve[j], j))
+            .map_or(it.end, |j| it.start + j),
+        _ => it.end,
+    }
+}
+
+/// Runs `plan` on `t`: the static blocks, the warm-up iteration, its release. Returns
+/// every static block's handle as `(index in trace.static_blocks, handle)`.
+/// `ensure_stream(t, stream, event)` creates the streams the events name.
+pub fn run<T, S>(
+    trace: &Trace,
+    t: &mut T,
+    plan: &WarmupPlan,
+    ensure_stream: &mut S,
+) -> Result<Vec<(usize, T::Handle)>, ReplayError>
+where
+    T: ReplayTarget,
+    S: FnMut(&mut T, u32, u64) -> Result<(), ReplayError>,
+{
+    let fail = |index: usize| {
+        move |source| ReplayError::Warmup {
+            index: index as u64,
+            source,
+        }
+    };
+    let mut statics = Vec::with_capacity(trace.static_blocks.len());
+    let mut alloc_static = |t: &mut T, ensure: &mut S, list: &[usize], index: usize| {
+        for &i in list {
+            let b = trace.static_blocks[i];
+            ensure(t, b.stream, index as u64)?;
+            statics.push((i, t.alloc(b.bytes, b.stream).map_err(fail(index))?));
+        }
+        Ok::<(), ReplayError>(())
+    };
+    alloc_static(t, ensure_stream, &plan.before, plan.iteration.start)?;
+    // The warm-up's own tensors: id -> (allocation order, handle, stream).
+    let mut held: HashMap<u64, (usize, T::Handle, u32)> = HashMap::new();
+    for index in plan.iteration.clone() {
+        if index == plan.step_at {
+            alloc_static(t, ensure_stream, &plan.state, index)?;
+        }
+        match trace.events[index].kind {
+            EventKind::Alloc { id, bytes, stream } => {
+                ensure_stream(t, stream, index as u64)?;
+                let h = t.alloc(bytes, stream).map_err(fail(index))?;
+                held.insert(id, (index, h, stream));
+            }
+            // Frees of static blocks are the recording's, not the warm-up's.
+            EventKind::Free { id } => {
+                if let Some((_, h, stream)) = held.remove(&id) {
+                    t.free(h, stream).map_err(fail(index))?;
+                }
+            }
+            EventKind::Access { .. } | EventKind::IterationBoundary => {}
+        }
+    }
+    if plan.step_at >= plan.iteration.end {
+        alloc_static(t, ensure_stream, &plan.state, plan.iteration.end)?;
+    }
+    // What outlives the iteration (its outputs) is released before the recording,
+    // oldest first.
+    let mut rest: Vec<_> = held.into_values().collect();
+    rest.sort_unstable_by_key(|r| r.0);
+    for (_, h, stream) in rest {
+        t.free(h, stream).map_err(fail(plan.iteration.end))?;
+    }
+    Ok(statics)
+}
+
+#[cfg(test)]
+mod tests {
+    use memcast_trace::{Event, StaticBlock};
+
+    use super::*;
+    use crate::backend::sim::SimBackend;
+    use crate::replay::pytorch::{PytorchConfig, PytorchEmu};
+    use crate::replay::{run_warm, ReplayOptions};
+
+    const MIB: u64 = 1 << 20;
+
+    fn statics(sizes: &[u64]) -> Vec<StaticBlock> {
+        (0..sizes.len())
+            .map(|i| StaticBlock {
+                id: 1000 + i as u64,
+                bytes: sizes[i],
+                stream: 0,
+            })
+            .collect()
+    }
+
+    /// `+id:bytes` allocates, `-id` frees, `|` is an iteration boundary.
+    fn events(prog: &[(char, u64, u64)]) -> Vec<Event> {
+        prog.iter()
+            .enumerate()
+            .map(|(i, &(op, id, bytes))| Event {
+                time_us: i as u64,
+                kind: match op {
+                    '+' => EventKind::Alloc {
+                        id,
+                        bytes,
+                        stream: 0,
+                    },
+                    '-' => EventKind::Free { id },
+                    _ => EventKind::IterationBoundary,
+                },
+            })
+            .collect()
+    }
+
+    /// One Adam-trained 9 MiB parameter: the parameter and its two state tensors are
+    /// static; each iteration holds two 12 MiB activations, frees them in backward while
+    /// creating the gradient, runs a step (a 9 MiB temporary), and frees the gradient.
+    fn adam_trace() -> Trace {
+        let iteration = |base: u64| {
+            vec![
+                ('+', base, 12 * MIB),
+                ('+', base + 1, 12 * MIB),
+                ('-', base + 1, 0),
+                ('+', base + 2, 9 * MIB), // gradient
+                ('-', base, 0),
+                ('+', base + 3, 9 * MIB), // step temporary
+                ('-', base + 3, 0),
+                ('-', base + 2, 0), // zero_grad
+            ]
+        };
+        let mut prog = vec![('|', 0, 0)];
+        prog.extend(iteration(1));
+        prog.push(('|', 0, 0));
+        prog.extend(iteration(11));
+        prog.push(('|', 0, 0));
+        let t = Trace {
+            static_blocks: statics(&[9 * MIB, 9 * MIB, 9 * MIB]),
+            events: events(&prog),
+            ..Default::default()
+        };
+        t.validate().unwrap();
+        t
+    }
+
+    #[test]
+    fn optimizer_state_is_recognised_by_its_copies_of_parameter_sizes() {
+        let t = |sizes: &[u64]| Trace {
+            static_blocks: statics(sizes),
+            ..Default::default()
+        };
+        // Adam: three of each parameter size; a small one-off buffer does not matter.
+        assert_eq!(state_copies(&t(&[8, 8, 8, 4, 4, 4, 4, 4, 4, 1])), 3);
+        // Momentum SGD: two of each.
+        assert_eq!(state_copies(&t(&[8, 8, 4, 4, 4, 4])), 2);
+        // Inference: repeated layers, but the one-off embedding breaks the pattern.
+        assert_eq!(state_copies(&t(&[50, 6, 6, 6, 6, 6, 6])), 1);
+        assert_eq!(state_copies(&t(&[])), 1);
+        // Sizes from the input cannot overflow the shares.
+        assert_eq!(state_copies(&t(&[u64::MAX; 3])), 3);
+        // Parameters first, in order; state parameter by parameter.
+        let tr = t(&[8, 4, 8, 4, 8, 4, 1]);
+        let p = plan(
+            &Trace {
+                events: events(&[('|', 0, 0), ('|', 0, 0)]),
+                ..tr
+            },
+            Warmup::First,
+            0,
+        )
+        .unwrap();
+        assert_eq!(p.copies, 3);
+        assert_eq!(p.before, vec![0, 1, 6]);
+        assert_eq!(p.state, vec![2, 4, 3, 5]);
+    }
+
+    #[test]
+    fn the_step_point_is_after_backward_before_the_step_and_zero_grad() {
+        let t = adam_trace();
+        let p = plan(&t, Warmup::First, 0).unwrap();
+        assert_eq!(p.iteration, 1..9);
+        // Events 1..9: +a +b -b +g -a | +tmp -tmp -g: least held after `-a`.
+        assert_eq!(p.step_at, 6);
+        assert_eq!(p.before, vec![0]);
+        assert_eq!(p.state, vec![1, 2]);
+        // Without any allocation after the peak, the state comes at the end.
+        let flat = Trace {
+            events: events(&[('|', 0, 0), ('+', 1, 5), ('-', 1, 0), ('|', 0, 0)]),
+            ..Default::default()
+        };
+        assert_eq!(step_point(&flat, 1..3), 3);
+        assert!(plan(&flat, Warmup::None, 0).is_none());
+        let no_iteration = Trace {
+            events: events(&[('|', 0, 0), ('+', 1, 5)]),
+            ..Default::default()
+        };
+        assert!(plan(&no_iteration, Warmup::First, 0).is_none());
+    }
+
+    /// The rule reads synthetic traces too: a generated BERT trained with AdamW has its
+    /// state recognised and placed as on the real trace (the same layout gain); an
+    /// inference trace has none, and its warm-up changes nothing.
+    #[test]
+    fn synthetic_traces_get_the_same_warm_up() {
+        use memcast_trace::synth::{generate, Family, Mode, SynthConfig};
+        let peak = |t: &Trace, warmup| {
+            let opts = ReplayOptions {
+                policy: crate::replay::Policy::Pytorch,
+                pytorch: PytorchConfig {
+                    warmup,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            crate::replay::replay(t, &opts).unwrap().peak_reserved_bytes
+        };
+        let mut cfg = SynthConfig::preset(Family::Bert);
+        cfg.iterations = 2;
+        let train = generate(&cfg).unwrap();
+        assert_eq!(plan(&train, Warmup::First, 0).unwrap().copies, 3);
+        assert!(peak(&train, Warmup::First) < peak(&train, Warmup::None));
+        cfg.mode = Mode::Infer;
+        let infer = generate(&cfg).unwrap();
+        assert_eq!(plan(&infer, Warmup::First, 0).unwrap().copies, 1);
+        assert_eq!(peak(&infer, Warmup::First), peak(&infer, Warmup::None));
+    }
+
+    /// Worked by hand from PyTorch's rules (1-10 MiB requests take 20 MiB segments,
+    /// larger ones their size rounded to 2 MiB; large blocks split when more than
+    /// 1 MiB remains).
+    #[test]
+    fn the_warm_up_puts_the_state_where_the_activations_were() {
+        let t = adam_trace();
+        let replay = |warmup| {
+            let cfg = PytorchConfig {
+                warmup,
+                ..Default::default()
+            };
+            let opts = ReplayOptions {
+                check_every: 1,
+                ..Default::default()
+            };
+            let emu = PytorchEmu::new(SimBackend::h200(), cfg.clone());
+            let r = run_warm(&t, emu, &opts, cfg.warmup_plan(&t).as_ref()).unwrap();
+            (r.peak_reserved_bytes / MIB, r.device_allocs)
+        };
+        // Cold: the three 9 MiB statics fill 20 + 20 MiB (2 + 11 MiB left), so both
+        // activations need 12 MiB segments: 64 MiB. Gradient and temporary fit later.
+        assert_eq!(replay(Warmup::None), (64, 4));
+        // Warm: the parameter takes a 20 MiB segment (11 left), the activations two
+        // 12 MiB ones; backward frees them and the gradient takes the 11 MiB block;
+        // the state then splits the two free 12 MiB blocks (3 MiB left each), so the
+        // step's 9 MiB temporary needs a 20 MiB segment: 64 MiB after warm-up. The
+        // recording's first activation splits that segment, the second needs a new
+        // 12 MiB one: 76 MiB in 5 segments.
+        assert_eq!(replay(Warmup::First), (76, 5));
+
+        // The layout after the warm-up alone: the state sits in the activations' place.
+        let mut emu = PytorchEmu::new(SimBackend::h200(), PytorchConfig::default());
+        let p = plan(&t, Warmup::First, 0).unwrap();
+        let statics = run(&t, &mut emu, &p, &mut |_: &mut _, _, _| Ok(())).unwrap();
+        assert_eq!(
+            statics.iter().map(|s| s.0).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        let layout: Vec<Vec<(u64, bool)>> = emu
+            .segments()
+            .into_iter()
+            .map(|s| s.blocks.iter().map(|&(b, a)| (b / MIB, a)).collect())
+            .collect();
+        assert_eq!(
+            layout,
+            vec![
+                vec![(9, true), (11, false)],
+                vec![(9, true), (3, false)],
+                vec![(9, true), (3, false)],
+                vec![(20, false)],
+            ]
+        );
+    }
+}
