@@ -19,7 +19,7 @@
 //!   Each allocation and each read is its own step (one tensor pinned at a time).
 //!
 //! The choice is automatic: a trace with at least one `Access` event is Recorded.
-//! Compute time comes from the trace's timestamps in both cases ([`Op::Advance`]).
+//! Compute time comes from the trace's timestamps in both cases ([`OpKind::Advance`]).
 
 use memcast_trace::{EventKind, Trace};
 use serde::Serialize;
