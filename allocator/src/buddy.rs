@@ -622,6 +622,11 @@ impl BuddyPool {
     /// Marks the free range `[spot.off, spot.off + len)` as a Used run tagged `owner`.
     pub fn carve(&mut self, spot: Spot, len: u64, owner: u32) -> Run {
         let Spot { seg, off, free } = spot;
+        debug_assert_eq!(
+            self.ext.span(free).0,
+            seg,
+            "spot names a block of another segment"
+        );
         let blk = self.ext.take(free, off, len);
         if self.segs[seg as usize].tree {
             self.set_range(seg, off, len, State::Free, State::Used, owner);
@@ -645,6 +650,11 @@ impl BuddyPool {
     /// placement index; a tree segment also walks its tree.
     pub fn free_run(&mut self, run: Run, len: u64) {
         let Run { seg, off, blk } = run;
+        debug_assert_eq!(
+            self.ext.span(blk),
+            (seg, off, len),
+            "a stale or foreign run"
+        );
         self.ext.release(blk);
         if self.segs[seg as usize].tree {
             self.set_range(seg, off, len, State::Used, State::Free, NIL);

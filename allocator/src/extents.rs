@@ -23,13 +23,19 @@
 //!
 //! `best_fit(len)`: the smallest of (at most `SCAN`, newest first) free blocks >= len in
 //! the request's own bin, else the smallest of (at most `SCAN`) in the first non-empty
-//! bin above it.
-//! Blocks within a bin differ by less than 12.5%, so this is best fit to within that
-//! (measured in docs/allocator.md: the same reserved bytes as an exact ordered set).
+//! bin above it, else (no bin above) the smallest fitting one anywhere in the own bin:
+//! it never misses a block that fits.
+//! Blocks within a bin differ by less than 12.5%, so while the own bin holds at most
+//! `SCAN` blocks this is best fit to within that; a fuller bin can hide a closer fit among
+//! its older entries, and a block of the next bin is taken instead (measured in
+//! docs/allocator.md: the same reserved bytes as an exact ordered set, and the same with
+//! `SCAN` = 4).
 //!
 //! Costs: `take`, `release`, `append`, `trim_tail` are O(1): a handful of array
 //! accesses, at most two bin unlinks and one link. `best_fit` is O(SCAN) plus one
-//! bitmap search. `containing` (buddy placement only) walks a segment's blocks.
+//! bitmap search, except when nothing above the request's bin is free: then it reads
+//! the whole own bin (the pool grows otherwise). `containing` (buddy placement only)
+//! walks a segment's blocks.
 
 use crate::buddy::NIL;
 
@@ -215,9 +221,11 @@ impl Extents {
     /// Maps `len` more bytes at the end of segment `seg` (free): the last block grows
     /// if it is free, else a free block is appended.
     pub fn append(&mut self, small: bool, seg: u32, len: u64) {
-        debug_assert!(len > 0);
         if self.ends.len() <= seg as usize {
             self.ends.resize(seg as usize + 1, (NIL, NIL));
+        }
+        if len == 0 {
+            return;
         }
         let last = self.ends[seg as usize].1;
         if last != NIL && self.blks[last as usize].state == BlkState::Free {
@@ -418,12 +426,13 @@ impl Extents {
         None
     }
 
-    /// Smallest of up to `SCAN` candidates (newest first) in bin `b` with length >=
-    /// `len`; ties go to the lowest (segment, offset). Reads one contiguous array.
+    /// Smallest of up to `limit` candidates (newest first) in bin `b` with length >=
+    /// `len`; among equal lengths seen, the lowest (segment, offset), except that an
+    /// exact-length match ends the scan at once. Reads one contiguous array.
     #[inline]
-    fn scan_bin(&self, k: usize, b: usize, len: u64) -> Option<u32> {
+    fn scan_bin(&self, k: usize, b: usize, len: u64, limit: usize) -> Option<u32> {
         let mut best: Option<(u64, u32)> = None;
-        for &(l, i) in self.bins[k][b].iter().rev().take(SCAN) {
+        for &(l, i) in self.bins[k][b].iter().rev().take(limit) {
             if l < len {
                 continue;
             }
@@ -465,17 +474,21 @@ impl Extents {
     }
 
     /// The free block a run of `len` goes into, among blocks of kind `small`; the run
-    /// goes at its start.
+    /// goes at its start. `None` only if no free block of that kind is >= `len`.
     #[inline]
     pub fn best_fit(&self, small: bool, len: u64) -> Option<u32> {
         let k = small as usize;
         let b = bin_of(len);
-        match self.scan_bin(k, b, len) {
-            Some(i) => Some(i),
-            None => {
-                let nb = self.next_bin(k, b)?;
-                self.scan_bin(k, nb, len)
-            }
+        if let Some(i) = self.scan_bin(k, b, len, SCAN) {
+            return Some(i);
+        }
+        match self.next_bin(k, b) {
+            // Every block of a higher bin fits: the scan cannot come back empty.
+            Some(nb) => self.scan_bin(k, nb, len, SCAN),
+            // Nothing above: a fitting block may still sit in the request's own bin
+            // beyond the first SCAN entries. The whole bin is read (rare: the pool is
+            // about to grow otherwise).
+            None => self.scan_bin(k, b, len, usize::MAX),
         }
     }
 

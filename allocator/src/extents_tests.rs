@@ -171,3 +171,42 @@ fn random_programs_match_a_byte_map_model() {
         })
         .unwrap();
 }
+
+/// A fitting block older than the `SCAN` newest entries of its bin, with no bin above:
+/// best fit must still find it (it once answered "nothing fits", an OOM or a needless
+/// grow).
+#[test]
+fn best_fit_finds_a_fitting_block_behind_a_full_scan_window() {
+    const MIB: u64 = 1 << 20;
+    let big = 1_175_552; // same bin as 1 MiB
+    let mut x = Extents::default();
+    x.append(false, 0, 64 * MIB);
+    // Carve [big, sep, 1M, sep, 1M, sep, ...] and free the big one first, then the 1 MiB
+    // ones, so the big block is the oldest entry of the bin.
+    let mut off = 0;
+    let mut cut = |x: &mut Extents, len: u64| {
+        let f = x.containing(0, off, len).unwrap();
+        let u = x.take(f, off, len);
+        off += len;
+        u
+    };
+    let first = cut(&mut x, big);
+    let mut small = Vec::new();
+    for _ in 0..SCAN {
+        cut(&mut x, 256);
+        small.push(cut(&mut x, MIB));
+    }
+    cut(&mut x, 256);
+    let rest = x.last(0);
+    let (_, roff, rlen) = x.span(rest);
+    x.take(rest, roff, rlen); // nothing free above the bin
+    x.release(first);
+    for u in small {
+        x.release(u);
+    }
+    assert_eq!(x.len(), SCAN + 1);
+    let want = 1_148_576;
+    let f = x.best_fit(false, want).expect("the old block fits");
+    assert_eq!(x.span(f), (0, 0, big));
+    assert_eq!(x.best_fit(false, big + 256), None);
+}

@@ -156,6 +156,12 @@ impl<B: DeviceBackend> Allocator<B> {
                     available: room,
                 });
             }
+            if deficit == 0 {
+                // The free tail already holds the run (placement did not choose it,
+                // e.g. under buddy placement): no device call.
+                let pool = self.pools[stream as usize].as_mut().expect("pool");
+                return Ok(pool.buddy.carve_tail(seg, mapped - tail, len, owner));
+            }
             let mut add = self
                 .growth_bytes(stream, len, deficit, true, small)
                 .min(room);
@@ -296,7 +302,15 @@ impl<B: DeviceBackend> Allocator<B> {
                 continue;
             }
             self.flush_cache(stream)?;
-            let pool = self.pools[stream as usize].as_mut().expect("pool");
+            self.return_empty_slabs(stream);
+        }
+        Ok(())
+    }
+
+    /// Returns every empty slab of `stream` (spares and empty partial slabs) to its
+    /// buddy tree.
+    fn return_empty_slabs(&mut self, stream: StreamId) {
+        if let Some(pool) = self.pools.get_mut(stream as usize).and_then(|p| p.as_mut()) {
             for class in 0..pool.partial.len() {
                 for spare in std::mem::take(&mut pool.spares[class]) {
                     let slab = &mut self.slabs[spare as usize];
@@ -320,7 +334,6 @@ impl<B: DeviceBackend> Allocator<B> {
                 }
             }
         }
-        Ok(())
     }
 
     /// True iff every segment without live data is a single free extent (its buddy
@@ -410,19 +423,29 @@ impl<B: DeviceBackend> Allocator<B> {
     pub fn apply_advice(&mut self, advice: Advice) -> Result<(), AllocError> {
         match advice {
             Advice::EnsureFree { stream, bytes } => {
+                let growable = self.use_growable();
+                let min_block = self.cfg.min_block;
                 let pool = self.pool_mut(stream)?;
                 let free = pool.buddy.free_bytes() + pool.cached_bytes;
                 if free >= bytes {
                     return Ok(());
                 }
-                let deficit = (bytes - free).next_multiple_of(self.cfg.min_block);
+                let deficit = (bytes - free).next_multiple_of(min_block);
                 // Obtain a run of the deficit from the device and free it at once: the
-                // memory stays reserved and free for the predicted requests.
+                // memory stays reserved and free for the predicted requests. A growable
+                // segment's run also covers its free tail (already counted in `free`;
+                // `grow` maps only what the tail lacks), so the mapping grows by the
+                // deficit, not the deficit minus the tail.
+                let tail = match pool.growable[0] {
+                    Some(seg) if growable => pool.buddy.trailing_free(seg),
+                    _ => 0,
+                };
+                let len = deficit + tail;
                 let id = self.records.len() as u32;
-                match self.grow(stream, deficit, id, false) {
+                match self.grow(stream, len, id, false) {
                     Ok(run) => {
                         let pool = self.pools[stream as usize].as_mut().expect("pool");
-                        pool.buddy.free_run(run, deficit);
+                        pool.buddy.free_run(run, len);
                         Ok(())
                     }
                     Err(e) if e.is_oom() => Ok(()),
@@ -478,7 +501,9 @@ impl<B: DeviceBackend> Allocator<B> {
                 Ok(())
             }
             Advice::Trim { stream, keep_bytes } => {
+                self.pool_mut(stream)?;
                 self.flush_cache(stream)?;
+                self.return_empty_slabs(stream);
                 let pool = self.pool_mut(stream)?;
                 let segs: Vec<(u32, u64)> = pool
                     .buddy
@@ -559,6 +584,23 @@ impl<B: DeviceBackend> Allocator<B> {
             }
             if n != pool.cached_runs || bytes != pool.cached_bytes || bytes != cached[s] {
                 return bad(format!("stream {s}: cache counters disagree"));
+            }
+            // Every listed slab (partial or spare) is live, of this stream and of its
+            // list's class, and listed once.
+            let mut seen = std::collections::HashSet::new();
+            for (class, id) in pool
+                .partial
+                .iter()
+                .chain(pool.spares.iter())
+                .enumerate()
+                .flat_map(|(c, l)| l.iter().map(move |&id| (c % pool.partial.len(), id)))
+            {
+                let ok = self.slabs.get(id as usize).is_some_and(|sl| {
+                    sl.live && sl.stream as usize == s && sl.class as usize == class
+                });
+                if !ok || !seen.insert(id) {
+                    return bad(format!("stream {s}: slab {id} listed wrongly or twice"));
+                }
             }
             let mut slab_bytes = 0;
             for (id, slab) in self.slabs.iter().enumerate() {

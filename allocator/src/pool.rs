@@ -653,7 +653,8 @@ impl<B: DeviceBackend> Allocator<B> {
                 }
                 slab.in_partial = false;
             }
-            if pool.spares[class].len() < self.cfg.slab_spares as usize {
+            // An active release policy wants memory back promptly: no spares then.
+            if pool.spares[class].len() < self.cfg.slab_spares as usize && !self.release.active() {
                 pool.spares[class].push(slab_id);
                 return;
             }
