@@ -245,9 +245,11 @@ pub fn step_point(trace: &Trace, it: Range<usize>) -> usize {
 }
 
 /// Runs `plan` on `t`: the static blocks, the warm-up iteration, its release. Returns
-/// every static block's handle as `(index in trace.static_blocks, handle)`.
+/// every static block's handle as `(index in trace.static_blocks, handle)`. The plan must
+/// come from [`plan`] for this trace (crate-private, so a hand-built plan with bad
+/// indexes cannot reach it).
 /// `ensure_stream(t, stream, event)` creates the streams the events name.
-pub fn run<T, S>(
+pub(crate) fn run<T, S>(
     trace: &Trace,
     t: &mut T,
     plan: &WarmupPlan,
