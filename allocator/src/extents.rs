@@ -525,7 +525,8 @@ impl Extents {
         })
     }
 
-    /// Checks the invariants of the module docs for the given live segments
+    /// Checks the invariants of the module docs for the given live segments (and that
+    /// no live block lies outside them)
     /// `(segment, mapped, small)`; returns the free and used bytes of each in order.
     pub fn check(
         &self,
@@ -554,7 +555,7 @@ impl Extents {
             }
         }
         let mut out = Vec::new();
-        let mut walked = 0;
+        let (mut walked, mut walked_used) = (0, 0);
         for (seg, mapped, small) in segs {
             let (mut cur, mut free, mut used) = (0u64, 0u64, 0u64);
             let (first, last) = self.ends.get(seg as usize).copied().unwrap_or((NIL, NIL));
@@ -578,7 +579,10 @@ impl Extents {
                         free += b.len;
                         walked += 1;
                     }
-                    BlkState::Used => used += b.len,
+                    BlkState::Used => {
+                        used += b.len;
+                        walked_used += 1;
+                    }
                     BlkState::Dead => return Err(format!("segment {seg}: dead block {i}")),
                 }
                 left_free = b.state == BlkState::Free;
@@ -592,6 +596,14 @@ impl Extents {
                 ));
             }
             out.push((free, used));
+        }
+        // No block outside the given segments: every live block was walked.
+        let live = self.blks.len() - self.dead.len();
+        if live != walked + walked_used {
+            return Err(format!(
+                "{live} live blocks, {} in the given segments",
+                walked + walked_used
+            ));
         }
         if walked != binned || binned != self.nfree {
             return Err(format!(
