@@ -525,9 +525,9 @@ impl Extents {
         })
     }
 
-    /// Checks the invariants of the module docs for the given live segments (and that
-    /// no live block lies outside them)
-    /// `(segment, mapped, small)`; returns the free and used bytes of each in order.
+    /// Checks the invariants of the module docs for the given live segments
+    /// `(segment, mapped, small)`, and that no live block lies outside them; returns the
+    /// free and used bytes of each in order.
     pub fn check(
         &self,
         segs: impl IntoIterator<Item = (u32, u64, bool)>,
