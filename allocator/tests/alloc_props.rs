@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 
 use memcast_alloc::backend::host::HostBackend;
 use memcast_alloc::backend::{DeviceBackend, MemRef, StreamPriority};
-use memcast_alloc::config::{AllocConfig, Coalesce};
-use memcast_alloc::{Allocation, Allocator};
+use memcast_alloc::config::{AllocConfig, Coalesce, Release};
+use memcast_alloc::policy::Advice;
+use memcast_alloc::{AllocError, Allocation, Allocator};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -154,6 +155,101 @@ proptest! {
         prop_assert!(al.fully_coalesced());
         prop_assert_eq!(al.stats().allocated.current, 0);
         // ...and all of it goes back to the device.
+        al.empty_cache().unwrap();
+        al.check_invariants().unwrap();
+        prop_assert_eq!(al.stats().reserved.current, 0);
+        prop_assert_eq!(al.backend().used(), 0);
+    }
+}
+
+#[derive(Debug, Clone)]
+enum AdviceOp {
+    Alloc { bytes: u64, stream: u32 },
+    Free { pick: usize },
+    Advice(Advice),
+    Coalesce,
+}
+
+fn advice() -> impl Strategy<Value = Advice> {
+    prop_oneof![
+        (0u32..3, 0u64..(64 << 20))
+            .prop_map(|(stream, bytes)| Advice::EnsureFree { stream, bytes }),
+        (0u32..3, size(), 0u32..6).prop_map(|(stream, bytes, count)| Advice::PreSplit {
+            stream,
+            bytes,
+            count
+        }),
+        (0u32..3, 0u64..(32 << 20))
+            .prop_map(|(stream, keep_bytes)| Advice::Trim { stream, keep_bytes }),
+    ]
+}
+
+fn advice_op() -> impl Strategy<Value = AdviceOp> {
+    prop_oneof![
+        5 => (size(), 0u32..3).prop_map(|(bytes, stream)| AdviceOp::Alloc { bytes, stream }),
+        3 => any::<usize>().prop_map(|pick| AdviceOp::Free { pick }),
+        3 => advice().prop_map(AdviceOp::Advice),
+        1 => Just(AdviceOp::Coalesce),
+    ]
+}
+
+fn advice_config() -> impl Strategy<Value = AllocConfig> {
+    (config(), 0u32..3, any::<bool>()).prop_map(|(cfg, spares, immediate)| AllocConfig {
+        slab_spares: spares,
+        release: if immediate {
+            Release::Immediate
+        } else {
+            Release::OnOom
+        },
+        ..cfg
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    /// Forecasts are only advice: random advice (grow ahead, pre-split, trim) mixed into
+    /// random programs on a small device, where requests and advice run out of memory,
+    /// never corrupts data or the allocator. An out-of-memory request is an error that
+    /// leaves everything as it was; advice that cannot be followed is ignored.
+    #[test]
+    fn random_advice_never_costs_correctness(
+        cfg in advice_config(),
+        ops in proptest::collection::vec(advice_op(), 1..160),
+    ) {
+        let mut al = Allocator::new(HostBackend::new(48 << 20), cfg).unwrap();
+        for _ in 0..2 {
+            al.create_stream(StreamPriority::Normal).unwrap();
+        }
+        let mut live: Vec<(Allocation, u32)> = Vec::new();
+        for op in ops {
+            match op {
+                AdviceOp::Alloc { bytes, stream } => match al.allocate(bytes, stream) {
+                    Ok(a) => {
+                        write_stamps(&mut al, &a);
+                        live.push((a, stream));
+                    }
+                    Err(e) => prop_assert!(
+                        matches!(e, AllocError::OutOfMemory { .. }),
+                        "unexpected error {e}"
+                    ),
+                },
+                AdviceOp::Free { pick } if !live.is_empty() => {
+                    let (a, s) = live.swap_remove(pick % live.len());
+                    check_stamps(&mut al, &a);
+                    al.deallocate(a, s).unwrap();
+                }
+                AdviceOp::Advice(adv) => al.apply_advice(adv).unwrap(),
+                AdviceOp::Coalesce => al.coalesce().unwrap(),
+                _ => {}
+            }
+            al.check_invariants().unwrap();
+            prop_assert!(al.stats().reserved.current <= 48 << 20);
+        }
+        for (a, s) in live.drain(..) {
+            check_stamps(&mut al, &a);
+            al.deallocate(a, s).unwrap();
+        }
         al.empty_cache().unwrap();
         al.check_invariants().unwrap();
         prop_assert_eq!(al.stats().reserved.current, 0);
