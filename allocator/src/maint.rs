@@ -26,12 +26,11 @@ impl<B: DeviceBackend> Allocator<B> {
         owner: u32,
         small: bool,
     ) -> Result<Run, AllocError> {
-        let scan = self.cfg.run_scan;
-        let pool = self.pool_mut(stream)?;
-        if let Some(spot) = pool.buddy.find_run(len, scan, small) {
-            return Ok(pool.buddy.carve(spot, len, owner));
+        let cached = self.pool_mut(stream)?.cached_runs;
+        if let Some(run) = self.try_carve(stream, len, owner, small) {
+            return Ok(run);
         }
-        if pool.cached_runs > 0 {
+        if cached > 0 {
             self.flush_cache(stream)?;
             if let Some(x) = self.try_carve(stream, len, owner, small) {
                 return Ok(x);
@@ -73,7 +72,15 @@ impl<B: DeviceBackend> Allocator<B> {
         }
     }
 
-    fn try_carve(&mut self, stream: StreamId, len: u64, owner: u32, small: bool) -> Option<Run> {
+    /// A run from the placement index alone (no flush, no device call); `None` also
+    /// when the stream has no pool yet.
+    pub(crate) fn try_carve(
+        &mut self,
+        stream: StreamId,
+        len: u64,
+        owner: u32,
+        small: bool,
+    ) -> Option<Run> {
         let scan = self.cfg.run_scan;
         let pool = self.pools[stream as usize].as_mut()?;
         let spot = pool.buddy.find_run(len, scan, small)?;
