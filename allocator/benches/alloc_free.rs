@@ -18,74 +18,29 @@
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use memcast_alloc::backend::sim::SimBackend;
 use memcast_alloc::{AllocConfig, Allocation, Allocator, SharedAllocator};
-use memcast_trace::EventKind;
 
-const SLOTS: usize = 1024;
-const STEPS: usize = 20_000;
+mod workload;
+use workload::{MIX, SLOTS, STEPS};
+
 const UNIT: u64 = 256;
 
-/// One program: a list of (slot, bytes); the slot's old block is freed first.
+/// One program: the mixed random steps (the slot's old block is freed first) and the
+/// trace's operations (Some(bytes) = alloc into slot, None = free slot).
 struct Program {
-    mixed: Vec<(u32, u64)>,
-    /// Trace ops: Some(bytes) = alloc into slot, None = free slot.
-    trace: Vec<(u32, Option<u64>)>,
+    mixed: Vec<(usize, u64)>,
+    trace: Vec<(usize, Option<u64>)>,
     trace_slots: usize,
     pairs: u64,
 }
 
 fn program() -> Program {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let mut mixed = Vec::with_capacity(STEPS);
-    for _ in 0..STEPS {
-        let slot = (rnd() % SLOTS as u64) as u32;
-        let r = rnd() % 100;
-        let (lo, hi): (f64, f64) = if r < 60 {
-            (8.0, 16.0)
-        } else if r < 90 {
-            (16.0, 20.0)
-        } else {
-            (20.0, 24.0)
-        };
-        let e = lo + (hi - lo) * ((rnd() % 1_000_000) as f64 / 1e6);
-        mixed.push((slot, 2f64.powf(e) as u64));
-    }
-    let t = memcast_trace::bundled::get("resnet50_b64_train")
-        .expect("bundled trace")
-        .load()
-        .expect("decodes");
-    let mut slot_of = std::collections::HashMap::new();
-    let mut free_slots: Vec<u32> = Vec::new();
-    let mut next = 0u32;
-    let mut trace = Vec::new();
-    for e in &t.events {
-        match e.kind {
-            EventKind::Alloc { id, bytes, .. } => {
-                let s = free_slots.pop().unwrap_or_else(|| {
-                    next += 1;
-                    next - 1
-                });
-                slot_of.insert(id, s);
-                trace.push((s, Some(bytes)));
-            }
-            EventKind::Free { id } => {
-                let s = slot_of.remove(&id).expect("live");
-                trace.push((s, None));
-                free_slots.push(s);
-            }
-            _ => {}
-        }
-    }
+    let mixed = workload::program(&MIX);
+    let (trace, trace_slots) = workload::trace_ops();
     let pairs = STEPS as u64 + trace.iter().filter(|(_, b)| b.is_some()).count() as u64;
     Program {
         mixed,
         trace,
-        trace_slots: next as usize,
+        trace_slots,
         pairs,
     }
 }
@@ -155,10 +110,10 @@ impl Under for Buddy {
 /// Runs both programs once; every block is freed at the end.
 fn run<U: Under>(u: &mut U, p: &Program, mixed: &mut [Option<U::H>], trace: &mut [Option<U::H>]) {
     for &(slot, bytes) in &p.mixed {
-        if let Some(h) = mixed[slot as usize].take() {
+        if let Some(h) = mixed[slot].take() {
             u.free(h);
         }
-        mixed[slot as usize] = Some(u.alloc(bytes));
+        mixed[slot] = Some(u.alloc(bytes));
     }
     for h in mixed.iter_mut() {
         if let Some(h) = h.take() {
@@ -167,8 +122,8 @@ fn run<U: Under>(u: &mut U, p: &Program, mixed: &mut [Option<U::H>], trace: &mut
     }
     for &(slot, op) in &p.trace {
         match op {
-            Some(bytes) => trace[slot as usize] = Some(u.alloc(bytes)),
-            None => u.free(trace[slot as usize].take().expect("live")),
+            Some(bytes) => trace[slot] = Some(u.alloc(bytes)),
+            None => u.free(trace[slot].take().expect("live")),
         }
     }
 }
