@@ -2,7 +2,8 @@
 //! against offset-allocator on the same sequence in the same run (ns per alloc+free pair,
 //! best of the runs after three warm-up runs).
 //!
-//! `cargo run --release -p memcast-alloc --example fast_path_parts [RUNS]`
+//! `cargo run --release -p memcast-alloc --example fast_path_parts [RUNS [PART]]`
+//! (PART: run only that part, e.g. under `perf record`)
 //! (memcast's configuration from `MEMCAST_ALLOC_CONF`, as in the bench)
 //!
 //! Parts: `small` (256 B-64 KiB: slabs), `mid` (64 KiB-1 MiB), `big` (1-16 MiB), `mixed`
@@ -88,6 +89,11 @@ fn trace_part(runs: usize) -> (f64, f64) {
             }
         }
     });
+    let st = a.stats();
+    eprintln!(
+        "DEBUG allocs {} slab {} hits {} flushes {}",
+        st.allocs, st.slab_allocs, st.cache_hits, st.cache_flushes
+    );
     let mut o = offset();
     let mut live: Vec<Option<offset_allocator::Allocation>> = vec![None; n];
     let p = best(runs, pairs, || {
@@ -126,6 +132,9 @@ fn main() {
         .nth(1)
         .map_or(Ok(27), |s| s.parse())
         .expect("RUNS: a number");
+    if let Some(part) = std::env::args().nth(2) {
+        return only(&part, runs);
+    }
     println!("| part | memcast ns/pair | offset-allocator ns/pair |");
     println!("|---|---|---|");
     for (name, ranges) in [
@@ -141,4 +150,22 @@ fn main() {
     println!("| trace (resnet50_b64_train) | {m:.1} | {p:.1} |");
     let e = extents_part(&program(&[(100, 16.0, 20.0)]), runs);
     println!("| extents alone (mid sizes) | {e:.1} | |");
+}
+
+/// One part alone, for profiling (memcast's figure printed).
+fn only(part: &str, runs: usize) {
+    let ranges: &[(u64, f64, f64)] = match part {
+        "small" => &[(100, 8.0, 16.0)],
+        "mid" | "extents" => &[(100, 16.0, 20.0)],
+        "big" => &[(100, 20.0, 24.0)],
+        "mixed" => &MIX,
+        "trace" => &[],
+        _ => panic!("PART: small, mid, big, mixed, trace or extents"),
+    };
+    let ns = match part {
+        "trace" => trace_part(runs).0,
+        "extents" => extents_part(&program(ranges), runs),
+        _ => slots_part(&program(ranges), runs).0,
+    };
+    println!("{part}: {ns:.1} ns/pair");
 }

@@ -2,12 +2,18 @@
 //! linked in address order (TLSF's physical neighbours), with the free blocks in
 //! segregated size bins.
 //!
-//! Bins as in TLSF: 8 bins per power of two (`bin = 8 * floor(log2 len) + the next 3
-//! bits`), a bitmap of non-empty bins per kind (small-object segments, large-run
-//! segments). A bin is a dense array of `(length, block)` entries, each block knowing its
-//! slot: a best-fit scan reads one contiguous array instead of chasing a list through
-//! the block table (measured: the list walk was ~20% of a large alloc+free), and
-//! removal is a swap-remove.
+//! Bins as in TLSF, finer: 32 bins per power of two (`bin = 32 * floor(log2 len) + the
+//! next 5 bits`, so blocks in one bin differ by less than 3.2%), a bitmap of non-empty
+//! bins per kind (small-object segments, large-run segments) with one summary word
+//! above it, so that the first non-empty bin above any bin is two bit scans. A bin is a
+//! doubly linked list through the blocks, newest first.
+//!
+//! Why lists and fine bins: with 8 bins per power of two a bin held blocks up to 12.5%
+//! apart, best fit had to scan up to 16 of them, and dense per-bin arrays beat a list
+//! walk for that. With 32 bins a scan of 2 finds the same placements (the same reserved
+//! bytes on all eight bundled PyTorch traces, `examples/replay_table`), and a list is
+//! cheaper to keep than arrays whose swap-removes touch a third block: the index alone
+//! went from 76 to 63 ns per mid-size alloc+free (`examples/fast_path_parts`).
 //!
 //! A used block's index is its run's handle: the caller keeps it (the allocator's record
 //! or slab) and hands it back on free, so a free finds its neighbours through the
@@ -18,30 +24,34 @@
 //! - its blocks tile `[0, mapped)`: `first.off == 0`, `b.off + b.len == b.right.off`,
 //!   `last.off + last.len == mapped`, and `sum(free) + sum(used) == mapped`;
 //! - no two free blocks are neighbours (a free block is a maximal free extent);
-//! - a block is in a bin iff it is free, in the bin `bin_of(len)` of its kind, at
-//!   `bins[kind][bin][slot] == (len, block)`.
+//! - a block is in a bin iff it is free, on the list of bin `bin_of(len)` of its kind
+//!   (`heads[kind][bin]`, linked by `prev`/`next`).
 //!
 //! `best_fit(len)`: the smallest of (at most `SCAN`, newest first) free blocks >= len in
 //! the request's own bin, else the smallest of (at most `SCAN`) in the first non-empty
 //! bin above it, else (no bin above) the smallest fitting one anywhere in the own bin:
 //! it never misses a block that fits.
-//! Blocks within a bin differ by less than 12.5%, so while the own bin holds at most
+//! Blocks within a bin differ by less than 3.2%, so while the own bin holds at most
 //! `SCAN` blocks this is best fit to within that; a fuller bin can hide a closer fit among
 //! its older entries, and a block of the next bin is taken instead (measured in
-//! docs/allocator.md: the same reserved bytes as an exact ordered set, and the same with
-//! `SCAN` = 4).
+//! docs/allocator.md: the same reserved bytes as an exact ordered set; `SCAN` = 1 costs
+//! resnet50 1.25% -> 2.37% overhead).
 //!
-//! Costs: `take`, `release`, `append`, `trim_tail` are O(1): a handful of array
-//! accesses, at most two bin unlinks and one link. `best_fit` is O(SCAN) plus one
-//! bitmap search, except when nothing above the request's bin is free: then it reads
+//! Costs: `take`, `release`, `append`, `trim_tail` are O(1): a handful of block
+//! accesses, at most two bin unlinks and one link. `best_fit` is O(SCAN) plus two bit
+//! scans, except when nothing above the request's bin is free: then it reads
 //! the whole own bin (the pool grows otherwise). `containing` (buddy placement only)
 //! walks a segment's blocks.
 
 use crate::buddy::NIL;
 
-const NBINS: usize = 64 * 8;
+/// Bins per power of two: 2^SUB_BITS (measured in the module docs).
+const SUB_BITS: usize = 5;
+const NBINS: usize = 64 << SUB_BITS;
 const WORDS: usize = NBINS / 64;
-const SCAN: usize = 16;
+const _: () = assert!(WORDS <= 64, "one summary word covers the bitmap");
+/// Blocks a best-fit scan reads per bin (measured in the module docs).
+const SCAN: usize = 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum BlkState {
@@ -56,8 +66,9 @@ struct Blk {
     seg: u32,
     off: u64,
     len: u64,
-    /// Position in its bin (free blocks only).
-    slot: u32,
+    /// Neighbours in its bin's list (free blocks only; newest first).
+    prev: u32,
+    next: u32,
     /// Address-order neighbours in the segment (NIL at its ends).
     left: u32,
     right: u32,
@@ -72,10 +83,12 @@ pub struct Extents {
     dead: Vec<u32>,
     /// Per segment: its first and last block (NIL, NIL while nothing is mapped).
     ends: Vec<(u32, u32)>,
-    /// Per kind and bin: `(length, block)` of the free blocks.
-    bins: [Vec<Vec<(u64, u32)>>; 2],
-    // Invariant: bit b of bits[k] set iff bins[k][b] is not empty.
+    /// Per kind and bin: the newest free block of its list (NIL if none).
+    heads: [Vec<u32>; 2],
+    // Invariant: bit b of bits[k] set iff bin b of kind k is not empty.
     bits: [[u64; WORDS]; 2],
+    // Invariant: bit w of top[k] set iff bits[k][w] != 0 (next_bin is two bit scans).
+    top: [u64; 2],
     // Invariant: nfree == number of Free blocks.
     nfree: usize,
 }
@@ -86,8 +99,9 @@ impl Default for Extents {
             blks: Vec::new(),
             dead: Vec::new(),
             ends: Vec::new(),
-            bins: [vec![Vec::new(); NBINS], vec![Vec::new(); NBINS]],
+            heads: [vec![NIL; NBINS], vec![NIL; NBINS]],
             bits: [[0; WORDS]; 2],
+            top: [0; 2],
             nfree: 0,
         }
     }
@@ -95,9 +109,9 @@ impl Default for Extents {
 
 #[inline]
 fn bin_of(len: u64) -> usize {
-    let e = 63 - len.max(8).leading_zeros() as usize;
-    let m = ((len >> (e - 3)) & 7) as usize;
-    e * 8 + m
+    let e = 63 - len.max(1 << SUB_BITS).leading_zeros() as usize;
+    let m = ((len >> (e - SUB_BITS)) as usize) & ((1 << SUB_BITS) - 1);
+    (e << SUB_BITS) + m
 }
 
 impl Extents {
@@ -117,7 +131,7 @@ impl Extents {
         (b.seg, b.off, b.len)
     }
 
-    #[inline]
+    #[inline(always)]
     fn new_blk(&mut self, b: Blk) -> u32 {
         match self.dead.pop() {
             Some(i) => {
@@ -131,40 +145,53 @@ impl Extents {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn kill(&mut self, i: u32) {
         self.blks[i as usize].state = BlkState::Dead;
         self.dead.push(i);
     }
 
-    /// Takes free block `i` out of its size bin (it stays Free). O(1): a swap-remove.
-    #[inline]
+    /// Takes free block `i` out of its size bin (it stays Free). O(1): a list unlink.
+    #[inline(always)]
     fn unbin(&mut self, i: u32) {
         let e = &self.blks[i as usize];
-        let (k, b, pos) = (e.small as usize, bin_of(e.len), e.slot as usize);
-        let v = &mut self.bins[k][b];
-        v.swap_remove(pos);
-        if let Some(&(_, moved)) = v.get(pos) {
-            self.blks[moved as usize].slot = pos as u32;
-        } else if v.is_empty() {
-            self.bits[k][b / 64] &= !(1 << (b % 64));
+        let (k, b, prev, next) = (e.small as usize, bin_of(e.len), e.prev, e.next);
+        if prev != NIL {
+            self.blks[prev as usize].next = next;
+        } else {
+            self.heads[k][b] = next;
+            if next == NIL {
+                self.bits[k][b / 64] &= !(1 << (b % 64));
+                if self.bits[k][b / 64] == 0 {
+                    self.top[k] &= !(1 << (b / 64));
+                }
+            }
+        }
+        if next != NIL {
+            self.blks[next as usize].prev = prev;
         }
     }
 
-    /// Puts free block `i` in its size bin.
-    #[inline]
+    /// Puts free block `i` at the head of its size bin.
+    #[inline(always)]
     fn bin(&mut self, i: u32) {
-        let e = &mut self.blks[i as usize];
+        let e = &self.blks[i as usize];
         let (k, b) = (e.small as usize, bin_of(e.len));
-        let v = &mut self.bins[k][b];
-        e.slot = v.len() as u32;
-        v.push((e.len, i));
+        let head = self.heads[k][b];
+        if head != NIL {
+            self.blks[head as usize].prev = i;
+        }
+        let e = &mut self.blks[i as usize];
+        e.prev = NIL;
+        e.next = head;
+        self.heads[k][b] = i;
         self.bits[k][b / 64] |= 1 << (b % 64);
+        self.top[k] |= 1 << (b / 64);
     }
 
     /// Sets free block `i` to `[off, off + len)`, moving it between bins only if the
     /// length's bin changes (the common split leaves it in place).
-    #[inline]
+    #[inline(always)]
     fn reshape_free(&mut self, i: u32, off: u64, len: u64) {
         let rebin = bin_of(self.blks[i as usize].len) != bin_of(len);
         if rebin {
@@ -175,13 +202,11 @@ impl Extents {
         b.len = len;
         if rebin {
             self.bin(i);
-        } else {
-            let (k, slot) = (b.small as usize, b.slot as usize);
-            self.bins[k][bin_of(len)][slot].0 = len;
         }
     }
 
     /// A new block linked between `left` and `right` (either may be NIL) of `seg`.
+    #[inline(always)]
     fn link_new(&mut self, mut b: Blk, left: u32, right: u32) -> u32 {
         b.left = left;
         b.right = right;
@@ -201,6 +226,7 @@ impl Extents {
     }
 
     /// Unlinks block `i` from its segment's address list and kills it.
+    #[inline(always)]
     fn unlink_kill(&mut self, i: u32) {
         let Blk {
             seg, left, right, ..
@@ -244,7 +270,8 @@ impl Extents {
                 seg,
                 off,
                 len,
-                slot: NIL,
+                prev: NIL,
+                next: NIL,
                 left: NIL,
                 right: NIL,
                 state: BlkState::Free,
@@ -330,7 +357,8 @@ impl Extents {
             state: BlkState::Used,
             off,
             len,
-            slot: NIL,
+            prev: NIL,
+            next: NIL,
             ..b
         };
         match (head, tail) {
@@ -428,24 +456,31 @@ impl Extents {
 
     /// Smallest of up to `limit` candidates (newest first) in bin `b` with length >=
     /// `len`; among equal lengths seen, the lowest (segment, offset), except that an
-    /// exact-length match ends the scan at once. Reads one contiguous array.
+    /// exact-length match ends the scan at once. Walks the bin's list.
     #[inline]
     fn scan_bin(&self, k: usize, b: usize, len: u64, limit: usize) -> Option<u32> {
         let mut best: Option<(u64, u32)> = None;
-        for &(l, i) in self.bins[k][b].iter().rev().take(limit) {
+        let mut i = self.heads[k][b];
+        let mut n = 0;
+        while i != NIL && n < limit {
+            let e = &self.blks[i as usize];
+            let l = e.len;
+            n += 1;
+            let cand = i;
+            i = e.next;
             if l < len {
                 continue;
             }
             let better = match best {
                 None => true,
                 Some((bl, j)) if l == bl => {
-                    let (e, f) = (&self.blks[i as usize], &self.blks[j as usize]);
+                    let f = &self.blks[j as usize];
                     (e.seg, e.off) < (f.seg, f.off)
                 }
                 Some((bl, _)) => l < bl,
             };
             if better {
-                best = Some((l, i));
+                best = Some((l, cand));
                 if l == len {
                     break;
                 }
@@ -455,22 +490,23 @@ impl Extents {
     }
 
     /// First non-empty bin > `b` of kind `k`.
+    #[inline]
     fn next_bin(&self, k: usize, b: usize) -> Option<usize> {
-        let mut w = (b + 1) / 64;
-        if w >= WORDS {
-            return None;
-        }
-        let mut word = self.bits[k][w] & (!0u64).checked_shl(((b + 1) % 64) as u32).unwrap_or(0);
-        loop {
+        let b = b + 1;
+        let w = b / 64;
+        if w < WORDS {
+            let word = self.bits[k][w] & (!0u64 << (b % 64));
             if word != 0 {
                 return Some(w * 64 + word.trailing_zeros() as usize);
             }
-            w += 1;
-            if w >= WORDS {
-                return None;
-            }
-            word = self.bits[k][w];
         }
+        // Words above w with a non-empty bin.
+        let above = self.top[k] & (!0u64).checked_shl(w as u32 + 1).unwrap_or(0);
+        if above == 0 {
+            return None;
+        }
+        let w = above.trailing_zeros() as usize;
+        Some(w * 64 + self.bits[k][w].trailing_zeros() as usize)
     }
 
     /// The free block a run of `len` goes into, among blocks of kind `small`; the run
@@ -498,7 +534,11 @@ impl Extents {
         for k in 0..2 {
             if let Some(w) = (0..WORDS).rev().find(|&w| self.bits[k][w] != 0) {
                 let b = w * 64 + 63 - self.bits[k][w].leading_zeros() as usize;
-                best = self.bins[k][b].iter().fold(best, |m, &(l, _)| m.max(l));
+                let mut i = self.heads[k][b];
+                while i != NIL {
+                    best = best.max(self.blks[i as usize].len);
+                    i = self.blks[i as usize].next;
+                }
             }
         }
         best
@@ -535,22 +575,33 @@ impl Extents {
         let mut binned = 0;
         for k in 0..2 {
             for b in 0..NBINS {
-                let v = &self.bins[k][b];
                 let nonempty = self.bits[k][b / 64] & (1 << (b % 64)) != 0;
-                if v.is_empty() == nonempty {
+                if (self.heads[k][b] == NIL) == nonempty {
                     return Err(format!("extent bin {b}: bitmap disagrees"));
                 }
-                for (pos, &(l, i)) in v.iter().enumerate() {
+                if b % 64 == 0 && (self.top[k] >> (b / 64) & 1 == 1) != (self.bits[k][b / 64] != 0)
+                {
+                    return Err(format!(
+                        "extent bins {b}..{}: summary bit disagrees",
+                        b + 64
+                    ));
+                }
+                let (mut i, mut prev) = (self.heads[k][b], NIL);
+                while i != NIL {
                     let e = &self.blks[i as usize];
                     if e.state != BlkState::Free
                         || bin_of(e.len) != b
                         || e.small as usize != k
-                        || e.slot as usize != pos
-                        || e.len != l
+                        || e.prev != prev
                     {
                         return Err(format!("extent bin {b}: bad entry {i}"));
                     }
                     binned += 1;
+                    if binned > self.blks.len() {
+                        return Err(format!("extent bin {b}: the list loops"));
+                    }
+                    prev = i;
+                    i = e.next;
                 }
             }
         }

@@ -9,8 +9,11 @@ fn bins_are_monotonic_and_fine() {
         assert!(b < NBINS && b >= last);
         last = b;
     }
-    assert!(bin_of(1 << 20) < bin_of((1 << 20) + (1 << 17)));
-    assert_eq!(bin_of(1 << 20), bin_of((1 << 20) + (1 << 17) - 1));
+    // One bin per 1/2^SUB_BITS of a power of two.
+    let step = (1u64 << 20) >> SUB_BITS;
+    assert!(bin_of(1 << 20) < bin_of((1 << 20) + step));
+    assert_eq!(bin_of(1 << 20), bin_of((1 << 20) + step - 1));
+    assert_eq!(bin_of((2 << 20) - 1) + 1, bin_of(2 << 20));
 }
 
 #[test]
@@ -74,7 +77,7 @@ fn take_and_release_every_shape_and_trim() {
 /// Random programs of take / release / append / trim over three segments against a
 /// byte-map model: after every step the blocks tile each segment (`check`), every
 /// free block matches a maximal free run of the model, and best fit returns the
-/// smallest sufficient free run (exact here: bins hold far fewer than SCAN blocks).
+/// smallest sufficient free run whenever its bin holds at most `SCAN` blocks.
 #[test]
 fn random_programs_match_a_byte_map_model() {
     use proptest::prelude::*;
@@ -101,8 +104,9 @@ fn random_programs_match_a_byte_map_model() {
                     1 => {
                         let want = n * U;
                         let fit = x.best_fit(seg == 2, want);
-                        // Smallest sufficient maximal free run of the same kind.
-                        let mut best: Option<u64> = None;
+                        // Maximal free runs of the same kind, and the smallest
+                        // sufficient one.
+                        let mut runs = Vec::new();
                         for (s, mm) in model.iter().enumerate() {
                             if (s == 2) != (seg == 2) {
                                 continue;
@@ -113,13 +117,24 @@ fn random_programs_match_a_byte_map_model() {
                                     run += 1;
                                     continue;
                                 }
-                                if run * U >= want {
-                                    best = Some(best.map_or(run * U, |b| b.min(run * U)));
+                                if run > 0 {
+                                    runs.push(run * U);
                                 }
                                 run = 0;
                             }
                         }
-                        prop_assert_eq!(fit.map(|f| x.span(f).2), best, "step {}", step);
+                        let best = runs.iter().copied().filter(|&r| r >= want).min();
+                        let got = fit.map(|f| x.span(f).2);
+                        // Exact while the best run's bin holds at most SCAN blocks
+                        // (the documented contract); otherwise some sufficient block.
+                        let crowd = best.map_or(0, |b| {
+                            runs.iter().filter(|&&r| bin_of(r) == bin_of(b)).count()
+                        });
+                        if crowd <= SCAN {
+                            prop_assert_eq!(got, best, "step {}", step);
+                        } else {
+                            prop_assert!(got.is_some_and(|g| g >= want), "step {}", step);
+                        }
                         if let Some(f) = fit {
                             let (fs, off, _) = x.span(f);
                             let u = x.take(f, off, want);

@@ -217,6 +217,9 @@ impl<B: DeviceBackend> Allocator<B> {
         stream: StreamId,
         seg: u32,
     ) -> Result<(), AllocError> {
+        if !self.release_active {
+            return Ok(());
+        }
         let pool = self.pools[stream as usize].as_ref().expect("pool");
         let s = &pool.buddy.segs[seg as usize];
         if !s.live {
@@ -232,7 +235,7 @@ impl<B: DeviceBackend> Allocator<B> {
         } else {
             0
         };
-        if bytes == 0 || !self.release.active() {
+        if bytes == 0 {
             return Ok(());
         }
         let view = SegmentView {

@@ -97,6 +97,9 @@ pub struct Allocator<B: DeviceBackend> {
     pub(crate) cfg: AllocConfig,
     pub(crate) growth: Box<dyn GrowthPolicy>,
     pub(crate) release: Box<dyn ReleasePolicy>,
+    /// `release.active()`, read once: a policy that never releases outside of an OOM
+    /// costs a free nothing (no segment look, no virtual call).
+    pub(crate) release_active: bool,
     pub(crate) classes: SizeClasses,
     pub(crate) pools: Vec<Option<StreamPool>>,
     pub(crate) streams: u32,
@@ -152,6 +155,7 @@ impl<B: DeviceBackend> Allocator<B> {
             backend,
             classes,
             growth,
+            release_active: release.active(),
             release,
             pools: Vec::new(),
             streams: 1,
@@ -653,7 +657,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 slab.in_partial = false;
             }
             // An active release policy wants memory back promptly: no spares then.
-            if pool.spares[class].len() < self.cfg.slab_spares as usize && !self.release.active() {
+            if pool.spares[class].len() < self.cfg.slab_spares as usize && !self.release_active {
                 pool.spares[class].push(slab_id);
                 return;
             }
