@@ -89,11 +89,6 @@ fn trace_part(runs: usize) -> (f64, f64) {
             }
         }
     });
-    let st = a.stats();
-    eprintln!(
-        "DEBUG allocs {} slab {} hits {} flushes {}",
-        st.allocs, st.slab_allocs, st.cache_hits, st.cache_flushes
-    );
     let mut o = offset();
     let mut live: Vec<Option<offset_allocator::Allocation>> = vec![None; n];
     let p = best(runs, pairs, || {
