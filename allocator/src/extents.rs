@@ -63,15 +63,18 @@ enum BlkState {
 
 #[derive(Debug, Clone, Copy)]
 struct Blk {
-    seg: u32,
     off: u64,
     len: u64,
+    seg: u32,
     /// Neighbours in its bin's list (free blocks only; newest first).
     prev: u32,
     next: u32,
     /// Address-order neighbours in the segment (NIL at its ends).
     left: u32,
     right: u32,
+    // Invariant: bin == bin_of(len) while Free (kept so that an unlink needs no
+    // recomputation).
+    bin: u16,
     state: BlkState,
     small: bool,
 }
@@ -84,7 +87,7 @@ pub struct Extents {
     /// Per segment: its first and last block (NIL, NIL while nothing is mapped).
     ends: Vec<(u32, u32)>,
     /// Per kind and bin: the newest free block of its list (NIL if none).
-    heads: [Vec<u32>; 2],
+    heads: Box<[[u32; NBINS]; 2]>,
     // Invariant: bit b of bits[k] set iff bin b of kind k is not empty.
     bits: [[u64; WORDS]; 2],
     // Invariant: bit w of top[k] set iff bits[k][w] != 0 (next_bin is two bit scans).
@@ -99,7 +102,7 @@ impl Default for Extents {
             blks: Vec::new(),
             dead: Vec::new(),
             ends: Vec::new(),
-            heads: [vec![NIL; NBINS], vec![NIL; NBINS]],
+            heads: Box::new([[NIL; NBINS]; 2]),
             bits: [[0; WORDS]; 2],
             top: [0; 2],
             nfree: 0,
@@ -155,14 +158,15 @@ impl Extents {
     #[inline(always)]
     fn unbin(&mut self, i: u32) {
         let e = &self.blks[i as usize];
-        let (k, b, prev, next) = (e.small as usize, bin_of(e.len), e.prev, e.next);
+        let (k, b, prev, next) = (e.small as usize, e.bin as usize, e.prev, e.next);
         if prev != NIL {
             self.blks[prev as usize].next = next;
         } else {
             self.heads[k][b] = next;
             if next == NIL {
-                self.bits[k][b / 64] &= !(1 << (b % 64));
-                if self.bits[k][b / 64] == 0 {
+                let w = &mut self.bits[k][b / 64];
+                *w &= !(1 << (b % 64));
+                if *w == 0 {
                     self.top[k] &= !(1 << (b / 64));
                 }
             }
@@ -172,36 +176,41 @@ impl Extents {
         }
     }
 
-    /// Puts free block `i` at the head of its size bin.
+    /// Puts free block `i` at the head of bin `b` (which must be `bin_of` its length).
     #[inline(always)]
-    fn bin(&mut self, i: u32) {
-        let e = &self.blks[i as usize];
-        let (k, b) = (e.small as usize, bin_of(e.len));
+    fn bin_at(&mut self, i: u32, b: usize) {
+        let k = self.blks[i as usize].small as usize;
         let head = self.heads[k][b];
         if head != NIL {
             self.blks[head as usize].prev = i;
+        } else {
+            self.bits[k][b / 64] |= 1 << (b % 64);
+            self.top[k] |= 1 << (b / 64);
         }
         let e = &mut self.blks[i as usize];
         e.prev = NIL;
         e.next = head;
+        e.bin = b as u16;
         self.heads[k][b] = i;
-        self.bits[k][b / 64] |= 1 << (b % 64);
-        self.top[k] |= 1 << (b / 64);
+    }
+
+    /// Puts free block `i` in its size bin.
+    #[inline(always)]
+    fn bin(&mut self, i: u32) {
+        self.bin_at(i, bin_of(self.blks[i as usize].len));
     }
 
     /// Sets free block `i` to `[off, off + len)`, moving it between bins only if the
-    /// length's bin changes (the common split leaves it in place).
+    /// length's bin changes.
     #[inline(always)]
     fn reshape_free(&mut self, i: u32, off: u64, len: u64) {
-        let rebin = bin_of(self.blks[i as usize].len) != bin_of(len);
-        if rebin {
+        let nb = bin_of(len);
+        let e = &mut self.blks[i as usize];
+        e.off = off;
+        e.len = len;
+        if e.bin as usize != nb {
             self.unbin(i);
-        }
-        let b = &mut self.blks[i as usize];
-        b.off = off;
-        b.len = len;
-        if rebin {
-            self.bin(i);
+            self.bin_at(i, nb);
         }
     }
 
@@ -228,18 +237,17 @@ impl Extents {
     /// Unlinks block `i` from its segment's address list and kills it.
     #[inline(always)]
     fn unlink_kill(&mut self, i: u32) {
-        let Blk {
-            seg, left, right, ..
-        } = self.blks[i as usize];
+        let e = &self.blks[i as usize];
+        let (seg, left, right) = (e.seg as usize, e.left, e.right);
         if left != NIL {
             self.blks[left as usize].right = right;
         } else {
-            self.ends[seg as usize].0 = right;
+            self.ends[seg].0 = right;
         }
         if right != NIL {
             self.blks[right as usize].left = left;
         } else {
-            self.ends[seg as usize].1 = left;
+            self.ends[seg].1 = left;
         }
         self.kill(i);
     }
@@ -274,6 +282,7 @@ impl Extents {
                 next: NIL,
                 left: NIL,
                 right: NIL,
+                bin: 0,
                 state: BlkState::Free,
                 small,
             },
@@ -346,72 +355,69 @@ impl Extents {
     /// Takes `[off, off + len)` out of free block `i` (which must contain it) as a used
     /// block; returns the used block's index. O(1): the free remainder keeps `i` (and
     /// its bin, unless its length's bin changes).
+    #[inline]
     pub fn take(&mut self, i: u32, off: u64, len: u64) -> u32 {
-        let b = self.blks[i as usize];
+        let b = &self.blks[i as usize];
+        let (boff, blen, left, right) = (b.off, b.len, b.left, b.right);
         assert!(
-            b.state == BlkState::Free && b.off <= off && off + len <= b.off + b.len && len > 0,
+            b.state == BlkState::Free && boff <= off && off + len <= boff + blen && len > 0,
             "taken range lies in a free block"
         );
-        let (head, tail) = (off - b.off, b.off + b.len - off - len);
+        let (head, tail) = (off - boff, boff + blen - off - len);
         let used = Blk {
             state: BlkState::Used,
             off,
             len,
             prev: NIL,
             next: NIL,
-            ..b
+            ..*b
         };
-        match (head, tail) {
-            (0, 0) => {
-                self.unbin(i);
-                self.blks[i as usize] = Blk {
-                    left: b.left,
-                    right: b.right,
-                    ..used
-                };
-                self.nfree -= 1;
-                i
-            }
-            (0, _) => {
-                // Best fit's case: the run at the start, the remainder stays free.
-                self.reshape_free(i, off + len, tail);
-                self.link_new(used, b.left, i)
-            }
-            (_, 0) => {
-                // Growth's case: the run at the end of the free tail.
-                self.reshape_free(i, b.off, head);
-                self.link_new(used, i, b.right)
-            }
-            _ => {
-                self.reshape_free(i, b.off, head);
-                let u = self.link_new(used, i, b.right);
-                let t = self.link_new(
-                    Blk {
-                        state: BlkState::Free,
-                        off: off + len,
-                        len: tail,
-                        ..used
-                    },
-                    u,
-                    self.blks[u as usize].right,
-                );
-                self.bin(t);
-                self.nfree += 1;
-                u
-            }
+        if head == 0 && tail != 0 {
+            // Best fit's case: the run at the start, the remainder stays free.
+            self.reshape_free(i, off + len, tail);
+            return self.link_new(used, left, i);
         }
+        if head == 0 {
+            self.unbin(i);
+            let e = &mut self.blks[i as usize];
+            e.state = BlkState::Used;
+            e.prev = NIL;
+            e.next = NIL;
+            self.nfree -= 1;
+            return i;
+        }
+        // Growth's case (`tail == 0`): the run at the end of the free tail.
+        self.reshape_free(i, boff, head);
+        let u = self.link_new(used, i, right);
+        if tail != 0 {
+            let t = self.link_new(
+                Blk {
+                    state: BlkState::Free,
+                    off: off + len,
+                    len: tail,
+                    ..used
+                },
+                u,
+                right,
+            );
+            self.bin(t);
+            self.nfree += 1;
+        }
+        u
     }
 
     /// Frees used block `i`, merging it with free neighbours. O(1).
+    #[inline]
     pub fn release(&mut self, i: u32) {
-        let b = self.blks[i as usize];
+        let b = &self.blks[i as usize];
         assert_eq!(
             b.state,
             BlkState::Used,
             "releasing a block that is not used"
         );
-        let lf = b.left != NIL && self.blks[b.left as usize].state == BlkState::Free;
-        let rf = b.right != NIL && self.blks[b.right as usize].state == BlkState::Free;
+        let (off, len, left, right) = (b.off, b.len, b.left, b.right);
+        let lf = left != NIL && self.blks[left as usize].state == BlkState::Free;
+        let rf = right != NIL && self.blks[right as usize].state == BlkState::Free;
         match (lf, rf) {
             (false, false) => {
                 self.blks[i as usize].state = BlkState::Free;
@@ -419,22 +425,25 @@ impl Extents {
                 self.nfree += 1;
             }
             (true, false) => {
-                let l = self.blks[b.left as usize];
+                let l = &self.blks[left as usize];
+                let (loff, llen) = (l.off, l.len);
                 self.unlink_kill(i);
-                self.reshape_free(b.left, l.off, l.len + b.len);
+                self.reshape_free(left, loff, llen + len);
             }
             (false, true) => {
-                let r = self.blks[b.right as usize];
+                let rlen = self.blks[right as usize].len;
                 self.unlink_kill(i);
-                self.reshape_free(b.right, b.off, b.len + r.len);
+                self.reshape_free(right, off, len + rlen);
             }
             (true, true) => {
-                let (l, r) = (self.blks[b.left as usize], self.blks[b.right as usize]);
-                self.unbin(b.right);
-                self.unlink_kill(b.right);
+                let l = &self.blks[left as usize];
+                let (loff, llen) = (l.off, l.len);
+                let rlen = self.blks[right as usize].len;
+                self.unbin(right);
+                self.unlink_kill(right);
                 self.unlink_kill(i);
                 self.nfree -= 1;
-                self.reshape_free(b.left, l.off, l.len + b.len + r.len);
+                self.reshape_free(left, loff, llen + len + rlen);
             }
         }
     }
@@ -591,6 +600,7 @@ impl Extents {
                     let e = &self.blks[i as usize];
                     if e.state != BlkState::Free
                         || bin_of(e.len) != b
+                        || e.bin as usize != b
                         || e.small as usize != k
                         || e.prev != prev
                     {
