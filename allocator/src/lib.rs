@@ -8,8 +8,8 @@
 //! - [`extents`]: the placement index (blocks in address order, best fit over the free
 //!   ones in TLSF bins);
 //! - [`slab`]: size classes and slabs for small objects;
-//! - [`pool`] + `maint` + `record`: the [`Allocator`] (per-stream pools, caches, growth,
-//!   release) and its record table;
+//! - [`pool`] + `maint` + `record` + `run_cache`: the [`Allocator`] (per-stream pools,
+//!   caches of freed runs, growth, release) and its record table;
 //! - [`policy`]: the decisions a forecaster can take over (growth, release, advice);
 //! - [`stats`]: what it counts; [`config`]: its knobs and `MEMCAST_ALLOC_CONF`;
 //! - [`shared`]: a thread-safe wrapper;
@@ -28,6 +28,7 @@ pub mod policy;
 pub mod pool;
 mod record;
 pub mod replay;
+mod run_cache;
 pub mod shared;
 pub mod slab;
 pub mod stats;

@@ -26,7 +26,7 @@ impl<B: DeviceBackend> Allocator<B> {
         owner: u32,
         small: bool,
     ) -> Result<Run, AllocError> {
-        let cached = self.pool_mut(stream)?.cached_runs;
+        let cached = self.pool_mut(stream)?.cache.runs();
         if let Some(run) = self.try_carve(stream, len, owner, small) {
             return Ok(run);
         }
@@ -443,7 +443,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 let growable = self.use_growable();
                 let min_block = self.cfg.min_block;
                 let pool = self.pool_mut(stream)?;
-                let free = pool.buddy.free_bytes() + pool.cached_bytes;
+                let free = pool.buddy.free_bytes() + pool.cache.bytes();
                 if free >= bytes {
                     return Ok(());
                 }
@@ -506,14 +506,11 @@ impl<B: DeviceBackend> Allocator<B> {
                     // Straight into the cache: ready for an O(1) hit.
                     let pool = self.pools[stream as usize].as_mut().expect("pool");
                     let base = pool.buddy.segs[run.seg as usize].base;
-                    let head = pool.cache.insert(len, id).unwrap_or(NIL);
-                    pool.cached_runs += 1;
-                    pool.cached_bytes += len;
                     let r = &mut self.records[id as usize];
-                    r.next = head;
                     r.ptr = base + run.off;
                     r.set_run(run);
                     r.state = RecState::Cached;
+                    pool.cache.push(&mut self.records, id);
                 }
                 Ok(())
             }
@@ -586,20 +583,18 @@ impl<B: DeviceBackend> Allocator<B> {
                 .map_err(|e| AllocError::Invariant(format!("stream {s}: {e}")))?;
             let mut n = 0;
             let mut bytes = 0;
-            for (&len, &head) in &pool.cache {
-                let mut id = head;
-                while id != NIL {
-                    let r = &self.records[id as usize];
-                    let this = id;
-                    id = r.next;
-                    if r.state != RecState::Cached || r.size != len || r.stream as usize != s {
-                        return bad(format!("stream {s}: bad cache entry {this}"));
-                    }
-                    n += 1;
-                    bytes += len;
+            for (id, in_its_slot) in pool.cache.iter(&self.records) {
+                let r = &self.records[id as usize];
+                if r.state != RecState::Cached || !in_its_slot || r.stream as usize != s {
+                    return bad(format!("stream {s}: bad cache entry {id}"));
                 }
+                n += 1;
+                bytes += r.size;
             }
-            if n != pool.cached_runs || bytes != pool.cached_bytes || bytes != cached[s] {
+            if !pool.cache.mask_agrees() {
+                return bad(format!("stream {s}: cache mask disagrees"));
+            }
+            if n != pool.cache.runs() || bytes != pool.cache.bytes() || bytes != cached[s] {
                 return bad(format!("stream {s}: cache counters disagree"));
             }
             // Every listed slab (partial or spare) is live, of this stream and of its
@@ -657,7 +652,7 @@ impl<B: DeviceBackend> Allocator<B> {
             }
             reserved += pool.reserved;
             buddy_free += pool.buddy.free_bytes();
-            cached_total += pool.cached_bytes;
+            cached_total += pool.cache.bytes();
         }
         if reserved != self.stats.reserved.current {
             return bad(format!(

@@ -32,6 +32,7 @@ use crate::policy::{
     GrowthPolicy, KeepUntilOom, ReactiveGrowth, ReleaseImmediately, ReleasePolicy,
 };
 pub(crate) use crate::record::{RecState, Record};
+use crate::run_cache::RunCache;
 use crate::slab::{SizeClasses, Slab};
 use crate::stats::AllocStats;
 
@@ -67,11 +68,8 @@ pub(crate) struct StreamPool {
     /// segment: ~0.4 us, 12-20% of the small-object path with one spare).
     // Invariant: every slab in spares[c] is live, empty, and on no partial list.
     pub spares: Vec<Vec<u32>>,
-    /// Freed runs by length: the head of an intrusive list of records in state Cached
-    /// (linked through `Record::next`; no allocation per cached run).
-    pub cache: FxMap<u64, u32>,
-    pub cached_runs: u64,
-    pub cached_bytes: u64,
+    /// Freed runs by exact length (deferred coalescing), records in state Cached.
+    pub cache: RunCache,
     /// Lengths freed recently (direct-mapped by a hash of the length), and the share of
     /// large requests that repeated one (x256, decayed): the cache is used only while
     /// requests repeat (>= 1/4), so a workload of never-repeating sizes does not pay for
@@ -228,9 +226,7 @@ impl<B: DeviceBackend> Allocator<B> {
             },
             partial: vec![Vec::new(); nclasses],
             spares: vec![Vec::new(); nclasses],
-            cache: FxMap::default(),
-            cached_runs: 0,
-            cached_bytes: 0,
+            cache: RunCache::default(),
             recent: [0; 64],
             repeat_score: 256,
             growable: [None, None],
@@ -411,34 +407,18 @@ impl<B: DeviceBackend> Allocator<B> {
         let repeat = pool.recent[recent_slot(len)] == len;
         pool.repeat_score =
             pool.repeat_score - pool.repeat_score / 16 + if repeat { 16 } else { 0 };
-        // (An empty cache skips the hash lookup: never-repeating sizes do not cache.)
-        let hit = if pool.cached_runs > 0 {
-            pool.cache.get(&len).copied()
-        } else {
-            None
-        };
-        if let Some(id) = hit {
-            {
-                let next = self.records[id as usize].next;
-                if next == NIL {
-                    pool.cache.remove(&len);
-                } else {
-                    pool.cache.insert(len, next);
-                }
-                pool.cached_runs -= 1;
-                pool.cached_bytes -= len;
-                let r = &mut self.records[id as usize];
-                r.requested = bytes;
-                r.gen = r.gen.wrapping_add(1);
-                r.state = RecState::Live;
-                r.uses = 0;
-                self.stats.cache_hits += 1;
-                return Ok(self.handle(id));
-            }
+        if let Some(id) = pool.cache.take(&mut self.records, len) {
+            let r = &mut self.records[id as usize];
+            r.requested = bytes;
+            r.gen = r.gen.wrapping_add(1);
+            r.state = RecState::Live;
+            r.uses = 0;
+            self.stats.cache_hits += 1;
+            return Ok(self.handle(id));
         }
         // A miss coalesces the cache first, so that placement sees every free byte
         // (measured: placing around cached runs costs up to +25% reserved).
-        if pool.cached_runs > 0 {
+        if pool.cache.runs() > 0 {
             self.flush_cache(stream)?;
         }
         // The record id comes first so that the run's nodes carry it.
@@ -629,14 +609,10 @@ impl<B: DeviceBackend> Allocator<B> {
         pool.recent[recent_slot(r.size)] = r.size;
         let deferred = self.cfg.coalesce == Coalesce::Deferred && pool.repeat_score >= 64;
         if deferred {
-            let head = pool.cache.insert(r.size, id).unwrap_or(NIL);
-            let rec = &mut self.records[id as usize];
-            rec.state = RecState::Cached;
-            rec.next = head;
-            pool.cached_runs += 1;
-            pool.cached_bytes += r.size;
-            let over = pool.cached_runs > self.cfg.cache_max_runs
-                || pool.cached_bytes as f64 > self.cfg.cache_max_fraction * pool.reserved as f64;
+            self.records[id as usize].state = RecState::Cached;
+            pool.cache.push(&mut self.records, id);
+            let over = pool.cache.runs() > self.cfg.cache_max_runs
+                || pool.cache.bytes() as f64 > self.cfg.cache_max_fraction * pool.reserved as f64;
             if over {
                 self.flush_cache(r.stream)?;
             }
@@ -694,30 +670,24 @@ impl<B: DeviceBackend> Allocator<B> {
         let Some(pool) = self.pools.get_mut(stream as usize).and_then(|p| p.as_mut()) else {
             return Ok(());
         };
-        if pool.cached_runs == 0 {
+        if pool.cache.runs() == 0 {
             return Ok(());
         }
         self.stats.cache_flushes += 1;
+        // Segments left empty, for the release policy (none looked at without one).
         let mut segs = Vec::new();
-        // Drain the map itself: sizes seen once must not stay as empty entries that
-        // every later flush walks (measured: 45% of the time of the alloc_free bench).
-        for (_, head) in pool.cache.drain() {
-            let mut id = head;
-            while id != NIL {
-                let r = &mut self.records[id as usize];
-                let this = id;
-                id = r.next;
-                pool.buddy.free_run(r.run(), r.size);
-                r.state = RecState::Free;
-                r.next = NIL;
-                self.free_records.push(this);
-                if pool.buddy.segs[r.seg_or_slab as usize].used == 0 {
-                    segs.push(r.seg_or_slab);
-                }
+        let watch = self.release_active;
+        let free_records = &mut self.free_records;
+        let buddy = &mut pool.buddy;
+        pool.cache.drain(&mut self.records, |records, id| {
+            let r = &mut records[id as usize];
+            buddy.free_run(r.run(), r.size);
+            r.state = RecState::Free;
+            free_records.push(id);
+            if watch && buddy.segs[r.seg_or_slab as usize].used == 0 {
+                segs.push(r.seg_or_slab);
             }
-        }
-        pool.cached_runs = 0;
-        pool.cached_bytes = 0;
+        });
         for seg in segs {
             self.maybe_release_segment(stream, seg)?;
         }
@@ -730,9 +700,7 @@ impl<B: DeviceBackend> Allocator<B> {
         let mut largest = 0;
         for p in self.pools.iter().flatten() {
             largest = largest.max(p.buddy.largest_free_block());
-            if let Some(&len) = p.cache.keys().max() {
-                largest = largest.max(len);
-            }
+            largest = largest.max(p.cache.largest(&self.records));
         }
         (self.stats.free_bytes(), largest)
     }
