@@ -7,7 +7,8 @@
 //! (memcast's configuration from `MEMCAST_ALLOC_CONF`, as in the bench)
 //!
 //! Parts: `small` (256 B-64 KiB: slabs), `mid` (64 KiB-1 MiB), `big` (1-16 MiB), `mixed`
-//! (the bench's mix), `trace` (resnet50_b64_train's sequence), and `extents`: memcast's
+//! (the bench's mix), `trace` (resnet50_b64_train's sequence, its static blocks allocated
+//! first and kept), and `extents`: memcast's
 //! placement index alone (best fit, take, release) on the `mid` sizes.
 
 use std::time::Instant;
@@ -75,12 +76,19 @@ fn slots_part(prog: &[(usize, u64)], runs: usize) -> (f64, f64) {
 }
 
 fn trace_part(runs: usize) -> (f64, f64) {
-    let (ops, n) = trace_ops();
+    let t = trace_ops();
+    let (ops, n) = (&t.ops, t.slots);
     let pairs = ops.iter().filter(|o| o.1.is_some()).count();
     let mut a = memcast();
+    // Static blocks first, kept (as in the bench).
+    let _statics: Vec<Allocation> = t
+        .statics
+        .iter()
+        .map(|&b| a.allocate(b, 0).expect("static"))
+        .collect();
     let mut live: Vec<Option<Allocation>> = vec![None; n];
     let m = best(runs, pairs, || {
-        for &(s, op) in &ops {
+        for &(s, op) in ops {
             match op {
                 Some(b) => live[s] = Some(a.allocate(b, 0).expect("alloc")),
                 None => a
@@ -90,9 +98,14 @@ fn trace_part(runs: usize) -> (f64, f64) {
         }
     });
     let mut o = offset();
+    let _statics: Vec<_> = t
+        .statics
+        .iter()
+        .map(|&b| o.allocate(b.div_ceil(UNIT) as u32).expect("static"))
+        .collect();
     let mut live: Vec<Option<offset_allocator::Allocation>> = vec![None; n];
     let p = best(runs, pairs, || {
-        for &(s, op) in &ops {
+        for &(s, op) in ops {
             match op {
                 Some(b) => live[s] = Some(o.allocate(b.div_ceil(UNIT) as u32).expect("alloc")),
                 None => o.free(live[s].take().expect("live")),

@@ -39,9 +39,16 @@ pub fn program(ranges: &[(u64, f64, f64)]) -> Vec<(usize, u64)> {
         .collect()
 }
 
-/// The resnet50 trace as (slot, Some(bytes)) allocations and (slot, None) frees, and
-/// the number of slots it needs.
-pub fn trace_ops() -> (Vec<(usize, Option<u64>)>, usize) {
+/// The resnet50 trace: its operations, (slot, Some(bytes)) allocations and (slot, None)
+/// frees, the number of slots they need, and its static blocks (parameters, optimizer
+/// state: allocated once before the operations run, and kept).
+pub struct TraceOps {
+    pub ops: Vec<(usize, Option<u64>)>,
+    pub slots: usize,
+    pub statics: Vec<u64>,
+}
+
+pub fn trace_ops() -> TraceOps {
     let t = memcast_trace::bundled::get("resnet50_b64_train")
         .expect("bundled")
         .load()
@@ -66,5 +73,9 @@ pub fn trace_ops() -> (Vec<(usize, Option<u64>)>, usize) {
             _ => {}
         }
     }
-    (ops, next)
+    TraceOps {
+        ops,
+        slots: next,
+        statics: t.static_blocks.iter().map(|b| b.bytes).collect(),
+    }
 }
