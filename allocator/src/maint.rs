@@ -624,9 +624,9 @@ impl<B: DeviceBackend> Allocator<B> {
                 let listed = pool.partial[slab.class as usize].contains(&(id as u32));
                 let spare = pool.spares[slab.class as usize].contains(&(id as u32));
                 if listed != slab.in_partial
-                    || (slab.in_partial && (slab.free.is_empty() || slab.used == 0))
+                    || (slab.in_partial && (slab.free_slots() == 0 || slab.used == 0))
                     || (spare && (listed || slab.used != 0))
-                    || (!listed && !spare && !slab.free.is_empty())
+                    || (!listed && !spare && slab.free_slots() != 0)
                 {
                     return bad(format!("slab {id}: partial list membership is wrong"));
                 }
@@ -634,7 +634,7 @@ impl<B: DeviceBackend> Allocator<B> {
                     return bad(format!("slab {id}: its run is not tagged as its own"));
                 }
                 slab_bytes += slab.len();
-                slab_free += slab.free.len() as u64 * slab.obj;
+                slab_free += slab.free_slots() as u64 * slab.obj;
             }
             let used: u64 = pool.buddy.live_segments().map(|(_, sg)| sg.used).sum();
             if used != run_bytes[s] + slab_bytes {

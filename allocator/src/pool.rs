@@ -333,22 +333,12 @@ impl<B: DeviceBackend> Allocator<B> {
             }
             None => self.new_slab(stream, class, obj)?,
         };
-        let slab = &mut self.slabs[slab_id as usize];
-        let slot = slab.free.pop().expect("partial slab has a free slot");
-        slab.used += 1;
-        let ptr = slab.base + slot as u64 * obj;
-        if slab.free.is_empty() {
-            slab.in_partial = false;
-            if let Some(p) = self.pools[stream as usize].as_mut() {
-                p.partial[class].pop();
-            }
-        }
         let id = self.new_record(Record {
-            ptr,
+            ptr: 0,
             requested: bytes,
             size: obj,
             seg_or_slab: slab_id,
-            off_or_slot: slot as u64,
+            off_or_slot: 0,
             blk: NIL,
             stream,
             gen: 0,
@@ -357,7 +347,18 @@ impl<B: DeviceBackend> Allocator<B> {
             uses: 0,
             next: NIL,
         });
-        self.slabs[slab_id as usize].slot_rec[slot as usize] = id;
+        let slab = &mut self.slabs[slab_id as usize];
+        let slot = slab.take_slot(id).expect("partial slab has a free slot");
+        let ptr = slab.base + slot as u64 * obj;
+        if slab.free_slots() == 0 {
+            slab.in_partial = false;
+            if let Some(p) = self.pools[stream as usize].as_mut() {
+                p.partial[class].pop();
+            }
+        }
+        let r = &mut self.records[id as usize];
+        r.ptr = ptr;
+        r.off_or_slot = slot as u64;
         self.stats.slab_allocs += 1;
         Ok(self.handle(id))
     }
@@ -566,7 +567,10 @@ impl<B: DeviceBackend> Allocator<B> {
                 if !rel.is_multiple_of(slab.obj) {
                     return Err(unknown());
                 }
-                slab.slot_rec[(rel / slab.obj) as usize]
+                match slab.record_of((rel / slab.obj) as u32) {
+                    Some(id) => id,
+                    None => return Err(unknown()),
+                }
             } else {
                 owner
             };
@@ -631,9 +635,7 @@ impl<B: DeviceBackend> Allocator<B> {
         self.records[id as usize].state = RecState::Free;
         self.free_records.push(id);
         let slab = &mut self.slabs[slab_id as usize];
-        slab.slot_rec[slot as usize] = NIL;
-        slab.free.push(slot);
-        slab.used -= 1;
+        slab.return_slot(slot);
         let (class, stream) = (slab.class as usize, slab.stream);
         let pool = self.pools[stream as usize]
             .as_mut()

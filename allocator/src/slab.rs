@@ -3,12 +3,23 @@
 //! A request under `small_max` is rounded up to its size class (`classes_per_doubling`
 //! classes per power of two, every class a multiple of the minimum block so objects
 //! stay aligned) and served from a slab: one buddy run cut into equal slots. Taking or
-//! returning a slot is a push/pop on the slab's stack of free slots: O(1), no tree work.
+//! returning a slot is a pop/push on the slab's free list: O(1), no tree work.
 //!
-//! Invariant (per slab): `used + free.len() == capacity`, and `slot_rec[s] == NIL` iff
-//! slot `s` is on the free stack.
+//! The free list is intrusive: a slot's entry in `slot_rec` holds its record id while
+//! it is used and `FREE | next free slot` while it is free, so a take or a return
+//! touches one array (a separate stack of free slots cost a second cache line per
+//! small alloc and free).
+//!
+//! Invariants (per slab, checked by [`Slab::check`]): the free list, from `free_head`,
+//! holds exactly the slots whose entry has the `FREE` bit, each once, and
+//! `used + (its length) == capacity`.
 
-use crate::buddy::{Run, NIL};
+use crate::buddy::Run;
+
+/// Tag of a free slot's `slot_rec` entry (record ids stay below it).
+const FREE: u32 = 1 << 31;
+/// End of the free list.
+const END: u32 = FREE - 1;
 
 /// The size classes of small objects.
 #[derive(Debug, Clone)]
@@ -96,10 +107,10 @@ pub struct Slab {
     pub class: u32,
     pub capacity: u32,
     pub used: u32,
-    /// Stack of free slot indices.
-    pub free: Vec<u32>,
-    /// Record id per slot (NIL when free).
-    pub slot_rec: Vec<u32>,
+    /// First free slot (END if none).
+    free_head: u32,
+    /// Per slot: its record id, or `FREE | next free slot`.
+    slot_rec: Vec<u32>,
     /// On its stream's partial list for its class.
     pub in_partial: bool,
     pub live: bool,
@@ -117,8 +128,10 @@ impl Slab {
             class,
             capacity,
             used: 0,
-            free: (0..capacity).rev().collect(),
-            slot_rec: vec![NIL; capacity as usize],
+            free_head: if capacity > 0 { 0 } else { END },
+            slot_rec: (1..=capacity)
+                .map(|n| FREE | if n < capacity { n } else { END })
+                .collect(),
             in_partial: false,
             live: true,
         }
@@ -141,23 +154,66 @@ impl Slab {
         self.capacity == 0
     }
 
+    /// Slots free.
+    #[inline]
+    pub fn free_slots(&self) -> u32 {
+        self.capacity - self.used
+    }
+
+    /// Takes a free slot for record `rec`. O(1).
+    #[inline]
+    pub fn take_slot(&mut self, rec: u32) -> Option<u32> {
+        let s = self.free_head;
+        if s == END {
+            return None;
+        }
+        let e = &mut self.slot_rec[s as usize];
+        self.free_head = *e & !FREE;
+        *e = rec;
+        self.used += 1;
+        Some(s)
+    }
+
+    /// Returns slot `s` (used) to the free list. O(1).
+    #[inline]
+    pub fn return_slot(&mut self, s: u32) {
+        debug_assert!(self.slot_rec[s as usize] & FREE == 0, "slot {s} is free");
+        self.slot_rec[s as usize] = FREE | self.free_head;
+        self.free_head = s;
+        self.used -= 1;
+    }
+
+    /// The record of slot `s`, if it is used.
+    #[inline]
+    pub fn record_of(&self, s: u32) -> Option<u32> {
+        self.slot_rec
+            .get(s as usize)
+            .copied()
+            .filter(|&r| r & FREE == 0)
+    }
+
     pub fn check(&self) -> Result<(), String> {
-        if self.used as usize + self.free.len() != self.capacity as usize {
-            return Err(format!(
-                "slab: used {} + free {} != capacity {}",
-                self.used,
-                self.free.len(),
-                self.capacity
-            ));
-        }
-        let nil_slots = self.slot_rec.iter().filter(|&&r| r == NIL).count();
-        if nil_slots != self.free.len() {
-            return Err("slab: free stack disagrees with slot records".into());
-        }
-        for &s in &self.free {
-            if self.slot_rec[s as usize] != NIL {
-                return Err(format!("slab: free slot {s} has a record"));
+        let (mut s, mut n) = (self.free_head, 0u32);
+        while s != END {
+            let e = *self
+                .slot_rec
+                .get(s as usize)
+                .ok_or_else(|| format!("slab: free list names slot {s} of {}", self.capacity))?;
+            if e & FREE == 0 {
+                return Err(format!("slab: free-listed slot {s} has record {e}"));
             }
+            n += 1;
+            if n > self.capacity {
+                return Err("slab: the free list loops".into());
+            }
+            s = e & !FREE;
+        }
+        let tagged = self.slot_rec.iter().filter(|&&r| r & FREE != 0).count() as u32;
+        if tagged != n || self.used + n != self.capacity {
+            return Err(format!(
+                "slab: used {} + free-listed {n} (tagged free {tagged}) != capacity {}",
+                self.used, self.capacity
+            ));
         }
         Ok(())
     }
@@ -166,6 +222,36 @@ impl Slab {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_list_takes_and_returns_slots() {
+        let run = Run {
+            seg: 0,
+            off: 0,
+            blk: 0,
+        };
+        let mut s = Slab::new(0, run, 4096, 256, 0, 4);
+        s.check().unwrap();
+        // Slots come out in address order first, then last returned first.
+        assert_eq!((s.take_slot(10), s.take_slot(11)), (Some(0), Some(1)));
+        assert_eq!(
+            (s.record_of(0), s.record_of(2), s.record_of(9)),
+            (Some(10), None, None)
+        );
+        s.return_slot(0);
+        assert_eq!(s.record_of(0), None);
+        s.check().unwrap();
+        assert_eq!(s.take_slot(12), Some(0));
+        assert_eq!(
+            (s.take_slot(13), s.take_slot(14), s.take_slot(15)),
+            (Some(2), Some(3), None)
+        );
+        assert_eq!((s.used, s.free_slots()), (4, 0));
+        s.check().unwrap();
+        // A corrupted entry is caught.
+        s.slot_rec[1] = FREE | END;
+        assert!(s.check().is_err());
+    }
 
     #[test]
     fn classes_round_up_within_a_quarter() {
