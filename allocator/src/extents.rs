@@ -361,7 +361,10 @@ impl Extents {
         let (boff, blen, left, right) = (b.off, b.len, b.left, b.right);
         // The state check stays on in release builds (a stale block index would
         // otherwise corrupt the tiling); the range comes from `best_fit`/`span`.
-        assert!(b.state == BlkState::Free, "taking from a block that is not free");
+        assert!(
+            b.state == BlkState::Free,
+            "taking from a block that is not free"
+        );
         debug_assert!(
             boff <= off && off + len <= boff + blen && len > 0,
             "taken range lies in the free block"

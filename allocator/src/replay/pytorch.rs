@@ -54,7 +54,7 @@ pub struct PytorchConfig {
     /// Segment size for 1-10 MiB requests (`kLargeBuffer`).
     pub large_segment_size: u64,
     /// The modelled warm-up iteration that creates the static blocks ([`warmup`];
-    /// default `first`; `none` allocates them first, densely).
+    /// default `auto`; `first`, `largest`; `none` allocates them first, densely).
     pub warmup: Warmup,
     /// Tensors per parameter counting optimizer state (3: Adam, 2: momentum SGD,
     /// 1: none); 0 (default) infers it from the static blocks
@@ -67,7 +67,7 @@ impl Default for PytorchConfig {
         PytorchConfig {
             max_split_size: u64::MAX,
             large_segment_size: K_LARGE_BUFFER,
-            warmup: Warmup::First,
+            warmup: Warmup::Auto,
             state_copies: 0,
         }
     }

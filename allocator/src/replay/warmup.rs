@@ -34,12 +34,36 @@ use crate::replay::{ReplayError, ReplayTarget};
 pub enum Warmup {
     /// No warm-up: static blocks are allocated first, then the recording.
     None,
-    /// The trace's first iteration (a warm-up like the first recorded iteration).
+    /// `largest` when the trace's source recording shows that its allocator reserved
+    /// no memory while recording ([`reserved_nothing_while_recording`]), else `first`.
     #[default]
+    Auto,
+    /// The trace's first iteration (a warm-up like the first recorded iteration).
     First,
     /// The iteration with the largest peak demand: for recordings whose warm-up ran at
     /// the largest shape (a common way to pre-reserve memory for dynamic shapes).
     Largest,
+}
+
+/// Whether `trace` comes from a recorded PyTorch snapshot whose allocator obtained no
+/// segment while recording (its `segment_alloc` events are kept as
+/// `Trace::source_segments`).
+///
+/// A caching allocator that never returns memory and reserved nothing new held, when
+/// the recording began, enough for every recorded iteration, the largest included: the
+/// process had already run something at least that demanding. The least warm-up
+/// consistent with that is the largest iteration. A recording that did reserve memory
+/// started from less, and the first iteration stands for its warm-up. Only the
+/// decision comes from the recording: neither segment sizes nor the final layout are
+/// used. Traces with no source recording (synthetic, native) get `first`.
+///
+/// Evidence (docs/allocator.md, "Validating the PyTorch emulation"): of the eight real
+/// traces, only resnet50_multiscale reserved nothing while recording, and its
+/// snapshot's segments show a warm-up at its largest (256-pixel) shape; bert_dynseq
+/// and gpt2_dynbatch reserved memory while recording and warmed up at their first
+/// shape. One trace decides this rule: a second such recording would test it.
+pub fn reserved_nothing_while_recording(trace: &Trace) -> bool {
+    trace.meta.source == "pytorch-snapshot" && !trace.source_segments.iter().any(|s| s.alloc)
 }
 
 /// What the warm-up allocates and when. Indices are into `trace.static_blocks` and
@@ -56,12 +80,15 @@ pub struct WarmupPlan {
     pub step_at: usize,
     /// Tensors per parameter: 1 when no optimizer state was recognised.
     pub copies: usize,
+    /// The iteration choice replayed (`first` or `largest`; `auto` resolved).
+    pub which: Warmup,
 }
 
 impl WarmupPlan {
     /// What the warm-up inferred, for the replay report's `extra.warmup`.
     pub fn summary(&self) -> serde_json::Value {
         serde_json::json!({
+            "iteration": self.which,
             "state_copies": self.copies,
             "static_blocks_first": self.before.len(),
             "state_blocks": self.state.len(),
@@ -122,8 +149,13 @@ pub fn plan(trace: &Trace, which: Warmup, copies: usize) -> Option<WarmupPlan> {
         .map(|(i, _)| i)
         .collect();
     let iterations = bounds.windows(2).map(|w| w[0] + 1..w[1]);
+    let which = match which {
+        Warmup::Auto if reserved_nothing_while_recording(trace) => Warmup::Largest,
+        Warmup::Auto => Warmup::First,
+        w => w,
+    };
     let iteration = match which {
-        Warmup::None => return None,
+        Warmup::None | Warmup::Auto => return None,
         Warmup::First => iterations.clone().next()?,
         // The first of the iterations with the largest peak.
         Warmup::Largest => {
@@ -151,6 +183,7 @@ pub fn plan(trace: &Trace, which: Warmup, copies: usize) -> Option<WarmupPlan> {
         step_at: step_point(trace, iteration.clone()),
         iteration,
         copies,
+        which,
     })
 }
 
