@@ -581,7 +581,7 @@ impl BuddyPool {
     /// Under best fit (the default): O(1), the run goes at the start of the chosen
     /// free block. Under buddy placement, finding the free block holding the chosen
     /// buddy walks that segment's blocks.
-    #[inline]
+    #[inline(always)]
     pub fn find_run(&self, len: u64, scan: u32, small: bool) -> Option<Spot> {
         if self.best_fit {
             // Smallest free extent that fits in segments of the right kind; lowest
@@ -621,7 +621,7 @@ impl BuddyPool {
     }
 
     /// Marks the free range `[spot.off, spot.off + len)` as a Used run tagged `owner`.
-    #[inline]
+    #[inline(always)]
     pub fn carve(&mut self, spot: Spot, len: u64, owner: u32) -> Run {
         let Spot { seg, off, free } = spot;
         debug_assert_eq!(
@@ -650,7 +650,7 @@ impl BuddyPool {
 
     /// Frees the Used run `run` of `len` bytes (exactly as carved). O(1) on the
     /// placement index; a tree segment also walks its tree.
-    #[inline]
+    #[inline(always)]
     pub fn free_run(&mut self, run: Run, len: u64) {
         let Run { seg, off, blk } = run;
         debug_assert_eq!(

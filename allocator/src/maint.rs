@@ -74,6 +74,7 @@ impl<B: DeviceBackend> Allocator<B> {
 
     /// A run from the placement index alone (no flush, no device call); `None` also
     /// when the stream has no pool yet.
+    #[inline(always)]
     pub(crate) fn try_carve(
         &mut self,
         stream: StreamId,

@@ -601,7 +601,7 @@ impl<B: DeviceBackend> Allocator<B> {
     }
 
     /// Returns a freed record's memory to its slab, its stream's cache, or its tree.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn release_record(&mut self, id: u32) -> Result<(), AllocError> {
         let r = self.records[id as usize];
         if r.slab {
