@@ -295,10 +295,12 @@ impl<B: DeviceBackend> Allocator<B> {
             self.alloc_large(bytes, stream)
         };
         match r {
-            Ok(a) => {
+            Ok(id) => {
+                // The paths above return the record id; the handle is built once, here.
+                let a = self.handle(id);
+                let size = self.records[id as usize].size;
                 let st = &mut self.stats;
                 st.allocs += 1;
-                let size = self.records[a.id as usize].size;
                 st.requested.add(bytes);
                 st.allocated.add(size);
                 if st.requested.current == st.requested.peak {
@@ -320,7 +322,8 @@ impl<B: DeviceBackend> Allocator<B> {
         }
     }
 
-    fn alloc_small(&mut self, bytes: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+    /// A slab slot for `bytes`; returns the new record's id.
+    fn alloc_small(&mut self, bytes: u64, stream: StreamId) -> Result<u32, AllocError> {
         let (class, obj) = self.classes.class_of(bytes);
         let pool = self.pool_mut(stream)?;
         let slab_id = match pool.partial[class].last() {
@@ -360,7 +363,7 @@ impl<B: DeviceBackend> Allocator<B> {
         r.ptr = ptr;
         r.off_or_slot = slot as u64;
         self.stats.slab_allocs += 1;
-        Ok(self.handle(id))
+        Ok(id)
     }
 
     fn new_slab(&mut self, stream: StreamId, class: usize, obj: u64) -> Result<u32, AllocError> {
@@ -398,7 +401,8 @@ impl<B: DeviceBackend> Allocator<B> {
         Ok(id)
     }
 
-    fn alloc_large(&mut self, bytes: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+    /// A run for `bytes`; returns the record's id.
+    fn alloc_large(&mut self, bytes: u64, stream: StreamId) -> Result<u32, AllocError> {
         // A mask, not `next_multiple_of` (a 64-bit division, ~9% of a large alloc):
         // `validate` makes min_block a power of two.
         let len = (bytes + self.cfg.min_block - 1) & !(self.cfg.min_block - 1);
@@ -415,7 +419,7 @@ impl<B: DeviceBackend> Allocator<B> {
             r.state = RecState::Live;
             r.uses = 0;
             self.stats.cache_hits += 1;
-            return Ok(self.handle(id));
+            return Ok(id);
         }
         // A miss coalesces the cache first, so that placement sees every free byte
         // (measured: placing around cached runs costs up to +25% reserved).
@@ -460,7 +464,7 @@ impl<B: DeviceBackend> Allocator<B> {
         r.ptr = base + run.off;
         r.set_run(run);
         r.state = RecState::Live;
-        Ok(self.handle(id))
+        Ok(id)
     }
 
     /// Validates a handle; returns its record id.
