@@ -334,6 +334,7 @@ impl<B: DeviceBackend> Allocator<B> {
                     let slab = &mut self.slabs[spare as usize];
                     pool.buddy.free_run(slab.run(), slab.len());
                     slab.live = false;
+                    self.free_records.extend(slab.take_records());
                     self.free_slabs.push(spare);
                 }
                 let mut k = 0;
@@ -345,6 +346,7 @@ impl<B: DeviceBackend> Allocator<B> {
                         pool.buddy.free_run(slab.run(), slab.len());
                         slab.live = false;
                         slab.in_partial = false;
+                        self.free_records.extend(slab.take_records());
                         self.free_slabs.push(id);
                     } else {
                         k += 1;
@@ -620,7 +622,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 if !slab.live || slab.stream as usize != s {
                     continue;
                 }
-                slab.check()
+                slab.check(id as u32, &self.records)
                     .map_err(|e| AllocError::Invariant(format!("slab {id}: {e}")))?;
                 let listed = pool.partial[slab.class as usize].contains(&(id as u32));
                 let spare = pool.spares[slab.class as usize].contains(&(id as u32));

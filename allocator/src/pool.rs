@@ -23,7 +23,7 @@
 use serde::Serialize;
 
 use crate::backend::{DeviceBackend, DevicePtr, EventId, StreamId, StreamPriority};
-use crate::buddy::{BuddyPool, Run, NIL};
+use crate::buddy::{BuddyPool, NIL};
 use crate::config::{AllocConfig, Coalesce, Release};
 use crate::error::AllocError;
 use crate::fxmap;
@@ -336,23 +336,11 @@ impl<B: DeviceBackend> Allocator<B> {
             }
             None => self.new_slab(stream, class, obj)?,
         };
-        let id = self.new_record(Record {
-            ptr: 0,
-            requested: bytes,
-            size: obj,
-            seg_or_slab: slab_id,
-            off_or_slot: 0,
-            blk: NIL,
-            stream,
-            gen: 0,
-            state: RecState::Live,
-            slab: true,
-            uses: 0,
-            next: NIL,
-        });
+        // The slot's record is the slab's; a small allocation only brings it to life.
         let slab = &mut self.slabs[slab_id as usize];
-        let slot = slab.take_slot(id).expect("partial slab has a free slot");
-        let ptr = slab.base + slot as u64 * obj;
+        let id = slab
+            .take_slot(&mut self.records)
+            .expect("partial slab has a free slot");
         if slab.free_slots() == 0 {
             slab.in_partial = false;
             if let Some(p) = self.pools[stream as usize].as_mut() {
@@ -360,8 +348,10 @@ impl<B: DeviceBackend> Allocator<B> {
             }
         }
         let r = &mut self.records[id as usize];
-        r.ptr = ptr;
-        r.off_or_slot = slot as u64;
+        r.gen = r.gen.wrapping_add(1);
+        r.requested = bytes;
+        r.state = RecState::Live;
+        r.uses = 0;
         self.stats.slab_allocs += 1;
         Ok(id)
     }
@@ -374,12 +364,7 @@ impl<B: DeviceBackend> Allocator<B> {
         let id = match self.free_slabs.pop() {
             Some(i) => i,
             None => {
-                let none = Run {
-                    seg: 0,
-                    off: 0,
-                    blk: NIL,
-                };
-                self.slabs.push(Slab::new(0, none, 0, 0, 0, 0));
+                self.slabs.push(Slab::dead());
                 (self.slabs.len() - 1) as u32
             }
         };
@@ -394,9 +379,36 @@ impl<B: DeviceBackend> Allocator<B> {
         self.stats.slabs_carved += 1;
         let pool = self.pools[stream as usize].as_mut().expect("pool exists");
         let base = pool.buddy.segs[run.seg as usize].base + run.off;
-        let mut slab = Slab::new(stream, run, base, obj, class as u32, capacity as u32);
-        slab.in_partial = true;
         pool.partial[class].push(id);
+        // One record per slot, for the slab's life (O(capacity) here, none per alloc).
+        let recs: Vec<u32> = (0..capacity)
+            .map(|slot| {
+                self.new_record(Record {
+                    ptr: base + slot * obj,
+                    requested: 0,
+                    size: obj,
+                    seg_or_slab: id,
+                    off_or_slot: slot,
+                    blk: NIL,
+                    stream,
+                    gen: 0,
+                    state: RecState::Free,
+                    slab: true,
+                    uses: 0,
+                    next: NIL,
+                })
+            })
+            .collect();
+        let mut slab = Slab::new(
+            stream,
+            run,
+            base,
+            obj,
+            class as u32,
+            recs,
+            &mut self.records,
+        );
+        slab.in_partial = true;
         self.slabs[id as usize] = slab;
         Ok(id)
     }
@@ -571,9 +583,10 @@ impl<B: DeviceBackend> Allocator<B> {
                 if !rel.is_multiple_of(slab.obj) {
                     return Err(unknown());
                 }
-                match slab.record_of((rel / slab.obj) as u32) {
-                    Some(id) => id,
-                    None => return Err(unknown()),
+                match slab.record_at((rel / slab.obj) as u32) {
+                    // A free slot's record is the slab's, not an allocation.
+                    Some(id) if self.records[id as usize].state != RecState::Free => id,
+                    _ => return Err(unknown()),
                 }
             } else {
                 owner
@@ -636,11 +649,9 @@ impl<B: DeviceBackend> Allocator<B> {
 
     fn free_slot(&mut self, id: u32, r: Record) {
         let slab_id = r.seg_or_slab;
-        let slot = r.off_or_slot as u32;
         self.records[id as usize].state = RecState::Free;
-        self.free_records.push(id);
         let slab = &mut self.slabs[slab_id as usize];
-        slab.return_slot(slot);
+        slab.return_slot(&mut self.records, id);
         let (class, stream) = (slab.class as usize, slab.stream);
         let pool = self.pools[stream as usize]
             .as_mut()
@@ -663,6 +674,7 @@ impl<B: DeviceBackend> Allocator<B> {
             pool.buddy.free_run(slab.run(), slab.len());
             slab.live = false;
             let seg = slab.seg;
+            self.free_records.extend(slab.take_records());
             self.free_slabs.push(slab_id);
             let _ = self.maybe_release_segment(stream, seg);
         } else if !slab.in_partial {
