@@ -309,7 +309,7 @@ mod tests {
         let mut s = Slab::new(0, run, base, obj, 0, vec![0, 1, 2, 3], &mut records);
         s.check(7, &records).unwrap();
         // Slots come out in address order first, then the last returned first.
-        let mut take = |s: &mut Slab, records: &mut Vec<Record>| {
+        let take = |s: &mut Slab, records: &mut Vec<Record>| {
             let id = s.take_slot(records)?;
             records[id as usize].state = RecState::Live;
             Some(id)
