@@ -347,7 +347,7 @@ impl<B: DeviceBackend> Allocator<B> {
         }
     }
 
-    /// A slab slot for `bytes`; returns the new record's id.
+    /// A slab slot for `bytes`; returns the slot's record id.
     fn alloc_small(&mut self, bytes: u64, stream: StreamId) -> Result<u32, AllocError> {
         let (class, obj) = self.classes.class_of(bytes);
         let pool = self.pool_mut(stream)?;
@@ -372,11 +372,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 p.partial[class].pop();
             }
         }
-        let r = &mut self.records[id as usize];
-        r.gen = r.gen.wrapping_add(1);
-        r.requested = bytes;
-        r.state = RecState::Live;
-        r.uses = 0;
+        self.records[id as usize].revive(bytes);
         self.stats.slab_allocs += 1;
         Ok(id)
     }
@@ -450,11 +446,7 @@ impl<B: DeviceBackend> Allocator<B> {
         pool.repeat_score =
             pool.repeat_score - pool.repeat_score / 16 + if repeat { 16 } else { 0 };
         if let Some(id) = pool.cache.take(&mut self.records, len) {
-            let r = &mut self.records[id as usize];
-            r.requested = bytes;
-            r.gen = r.gen.wrapping_add(1);
-            r.state = RecState::Live;
-            r.uses = 0;
+            self.records[id as usize].revive(bytes);
             self.stats.cache_hits += 1;
             return Ok(id);
         }

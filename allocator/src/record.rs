@@ -47,6 +47,16 @@ impl Record {
         }
     }
 
+    /// Makes a Free or Cached record the live allocation of `requested` bytes under a
+    /// new generation (a stale handle to its previous life no longer matches).
+    #[inline]
+    pub fn revive(&mut self, requested: u64) {
+        self.gen = self.gen.wrapping_add(1);
+        self.requested = requested;
+        self.state = RecState::Live;
+        self.uses = 0;
+    }
+
     #[inline]
     pub fn set_run(&mut self, run: Run) {
         self.seg_or_slab = run.seg;
