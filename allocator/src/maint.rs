@@ -5,7 +5,7 @@ use crate::backend::{BackendError, DeviceBackend, DevicePtr, StreamId};
 use crate::buddy::{Run, NIL};
 use crate::error::AllocError;
 use crate::policy::{Advice, GrowthRequest, SegmentView};
-use crate::pool::{Allocator, PendingFree, RecState, Record, SLAB_TAG};
+use crate::pool::{retire_slab, Allocator, PendingFree, RecState, Record, SLAB_TAG};
 
 impl<B: DeviceBackend> Allocator<B> {
     fn granule(&self) -> u64 {
@@ -331,11 +331,13 @@ impl<B: DeviceBackend> Allocator<B> {
         if let Some(pool) = self.pools.get_mut(stream as usize).and_then(|p| p.as_mut()) {
             for class in 0..pool.partial.len() {
                 for spare in std::mem::take(&mut pool.spares[class]) {
-                    let slab = &mut self.slabs[spare as usize];
-                    pool.buddy.free_run(slab.run(), slab.len());
-                    slab.live = false;
-                    self.free_records.extend(slab.take_records());
-                    self.free_slabs.push(spare);
+                    retire_slab(
+                        &mut self.slabs[spare as usize],
+                        spare,
+                        &mut pool.buddy,
+                        &mut self.free_records,
+                        &mut self.free_slabs,
+                    );
                 }
                 let mut k = 0;
                 while k < pool.partial[class].len() {
@@ -343,11 +345,14 @@ impl<B: DeviceBackend> Allocator<B> {
                     let slab = &mut self.slabs[id as usize];
                     if slab.used == 0 {
                         pool.partial[class].swap_remove(k);
-                        pool.buddy.free_run(slab.run(), slab.len());
-                        slab.live = false;
                         slab.in_partial = false;
-                        self.free_records.extend(slab.take_records());
-                        self.free_slabs.push(id);
+                        retire_slab(
+                            slab,
+                            id,
+                            &mut pool.buddy,
+                            &mut self.free_records,
+                            &mut self.free_slabs,
+                        );
                     } else {
                         k += 1;
                     }

@@ -56,6 +56,22 @@ fn recent_slot(len: u64) -> usize {
     ((len >> 8).wrapping_mul(fxmap::K) >> 58) as usize
 }
 
+/// Gives empty slab `id` back: its run to `buddy`, its slot records to the free records,
+/// itself to the free slabs.
+pub(crate) fn retire_slab(
+    slab: &mut Slab,
+    id: u32,
+    buddy: &mut BuddyPool,
+    free_records: &mut Vec<u32>,
+    free_slabs: &mut Vec<u32>,
+) {
+    debug_assert_eq!(slab.used, 0, "retiring a slab in use");
+    buddy.free_run(slab.run(), slab.len());
+    slab.live = false;
+    free_records.extend(slab.take_records());
+    free_slabs.push(id);
+}
+
 /// One stream's memory.
 #[derive(Debug)]
 pub(crate) struct StreamPool {
@@ -687,11 +703,14 @@ impl<B: DeviceBackend> Allocator<B> {
                 pool.spares[class].push(slab_id);
                 return;
             }
-            pool.buddy.free_run(slab.run(), slab.len());
-            slab.live = false;
             let seg = slab.seg;
-            self.free_records.extend(slab.take_records());
-            self.free_slabs.push(slab_id);
+            retire_slab(
+                slab,
+                slab_id,
+                &mut pool.buddy,
+                &mut self.free_records,
+                &mut self.free_slabs,
+            );
             let _ = self.maybe_release_segment(stream, seg);
         } else if !slab.in_partial {
             slab.in_partial = true;
