@@ -139,7 +139,8 @@ pub trait ReleasePolicy: Send {
     /// its end): release it now?
     fn release(&mut self, seg: &SegmentView) -> bool;
     /// False if this policy never releases outside of an OOM (the allocator then skips
-    /// building the view on every free).
+    /// building the view on every free). Read once, when the allocator is built: it must
+    /// not change over the policy's life.
     fn active(&self) -> bool {
         true
     }
