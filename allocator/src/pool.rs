@@ -56,6 +56,16 @@ fn recent_slot(len: u64) -> usize {
     ((len >> 8).wrapping_mul(fxmap::K) >> 58) as usize
 }
 
+/// Allocations until the next latency sample: `every`, or (sampling off) as many as a
+/// countdown holds.
+fn sample_countdown(every: u32) -> u32 {
+    if every > 0 {
+        every
+    } else {
+        u32::MAX
+    }
+}
+
 /// Gives empty slab `id` back: its run to `buddy`, its slot records to the free records,
 /// itself to the free slabs.
 pub(crate) fn retire_slab(
@@ -180,7 +190,7 @@ impl<B: DeviceBackend> Allocator<B> {
             pending: Vec::new(),
             pending_bytes: 0,
             stats: AllocStats::default(),
-            sample: cfg.latency_sample_every,
+            sample: sample_countdown(cfg.latency_sample_every),
             cfg,
         })
     }
@@ -297,6 +307,13 @@ impl<B: DeviceBackend> Allocator<B> {
         }
     }
 
+    /// The countdown ran out: restarts it; true if this allocation is to be timed.
+    #[cold]
+    fn restart_sampling(&mut self) -> bool {
+        self.sample = sample_countdown(self.cfg.latency_sample_every);
+        self.cfg.latency_sample_every > 0
+    }
+
     /// Allocates `bytes` for use on `stream`. Aligned to `min_block` (256 B).
     pub fn allocate(&mut self, bytes: u64, stream: StreamId) -> Result<Allocation, AllocError> {
         if bytes == 0 {
@@ -319,16 +336,9 @@ impl<B: DeviceBackend> Allocator<B> {
         if !self.pending.is_empty() {
             self.process_pending(false)?;
         }
-        // A countdown to the next sampled allocation (no division per call).
-        let timed = self.cfg.latency_sample_every > 0 && {
-            self.sample = self.sample.saturating_sub(1);
-            if self.sample == 0 {
-                self.sample = self.cfg.latency_sample_every;
-                true
-            } else {
-                false
-            }
-        };
+        // A countdown to the next sampled allocation (no division, one branch per call).
+        self.sample -= 1;
+        let timed = self.sample == 0 && self.restart_sampling();
         let t0 = timed.then(std::time::Instant::now);
         let r = if bytes < self.classes.small_max() {
             self.alloc_small(bytes, stream)
