@@ -662,15 +662,16 @@ impl<B: DeviceBackend> Allocator<B> {
     /// Returns a freed record's memory to its slab, its stream's cache, or its tree.
     #[inline(always)]
     pub(crate) fn release_record(&mut self, id: u32) -> Result<(), AllocError> {
-        let r = self.records[id as usize];
+        let r = &self.records[id as usize];
         if r.slab {
-            self.free_slot(id, r);
+            self.free_slot(id, r.seg_or_slab);
             return Ok(());
         }
-        let pool = self.pools[r.stream as usize]
+        let (stream, size, run) = (r.stream, r.size, r.run());
+        let pool = self.pools[stream as usize]
             .as_mut()
             .expect("pool of a live record");
-        pool.recent[recent_slot(r.size)] = r.size;
+        pool.recent[recent_slot(size)] = size;
         let deferred = self.cfg.coalesce == Coalesce::Deferred && pool.repeat_score >= 64;
         if deferred {
             self.records[id as usize].state = RecState::Cached;
@@ -678,19 +679,18 @@ impl<B: DeviceBackend> Allocator<B> {
             let over = pool.cache.runs() > self.cfg.cache_max_runs
                 || pool.cache.bytes() as f64 > self.cfg.cache_max_fraction * pool.reserved as f64;
             if over {
-                self.flush_cache(r.stream)?;
+                self.flush_cache(stream)?;
             }
         } else {
-            pool.buddy.free_run(r.run(), r.size);
+            pool.buddy.free_run(run, size);
             self.records[id as usize].state = RecState::Free;
             self.free_records.push(id);
-            self.maybe_release_segment(r.stream, r.seg_or_slab)?;
+            self.maybe_release_segment(stream, run.seg)?;
         }
         Ok(())
     }
 
-    fn free_slot(&mut self, id: u32, r: Record) {
-        let slab_id = r.seg_or_slab;
+    fn free_slot(&mut self, id: u32, slab_id: u32) {
         self.records[id as usize].state = RecState::Free;
         let slab = &mut self.slabs[slab_id as usize];
         slab.return_slot(&mut self.records, id);
