@@ -474,34 +474,29 @@ impl Extents {
     /// exact-length match ends the scan at once. Walks the bin's list.
     #[inline]
     fn scan_bin(&self, k: usize, b: usize, len: u64, limit: usize) -> Option<u32> {
-        let mut best: Option<(u64, u32)> = None;
+        let (mut best, mut best_len) = (NIL, u64::MAX);
         let mut i = self.heads[k][b];
-        let mut n = 0;
-        while i != NIL && n < limit {
+        let mut left = limit;
+        while i != NIL && left > 0 {
             let e = &self.blks[i as usize];
             let l = e.len;
-            n += 1;
-            let cand = i;
-            i = e.next;
-            if l < len {
-                continue;
-            }
-            let better = match best {
-                None => true,
-                Some((bl, j)) if l == bl => {
-                    let f = &self.blks[j as usize];
+            if l >= len && l <= best_len {
+                let better = l < best_len || {
+                    let f = &self.blks[best as usize];
                     (e.seg, e.off) < (f.seg, f.off)
-                }
-                Some((bl, _)) => l < bl,
-            };
-            if better {
-                best = Some((l, cand));
-                if l == len {
-                    break;
+                };
+                if better {
+                    best = i;
+                    best_len = l;
+                    if l == len {
+                        break;
+                    }
                 }
             }
+            i = e.next;
+            left -= 1;
         }
-        best.map(|(_, i)| i)
+        (best != NIL).then_some(best)
     }
 
     /// First non-empty bin > `b` of kind `k`.
