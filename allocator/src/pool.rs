@@ -430,20 +430,7 @@ impl<B: DeviceBackend> Allocator<B> {
         // One record per slot, for the slab's life (O(capacity) here, none per alloc).
         let recs: Vec<u32> = (0..capacity)
             .map(|slot| {
-                self.new_record(Record {
-                    ptr: base + slot * obj,
-                    requested: 0,
-                    size: obj,
-                    seg_or_slab: id,
-                    off_or_slot: slot,
-                    blk: NIL,
-                    stream,
-                    gen: 0,
-                    state: RecState::Free,
-                    slab: true,
-                    uses: 0,
-                    next: NIL,
-                })
+                self.new_record(Record::slab_slot(base + slot * obj, obj, id, slot, stream))
             })
             .collect();
         let mut slab = Slab::new(

@@ -1,7 +1,7 @@
 //! The allocator's record table entries: one per allocation handle (generation-checked),
 //! so that a free is O(1) and a stale or forged handle is an error, not corruption.
 
-use crate::buddy::Run;
+use crate::buddy::{Run, NIL};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RecState {
@@ -36,6 +36,25 @@ pub(crate) struct Record {
 }
 
 impl Record {
+    /// The record slot `slot` of slab `slab` owns for the slab's life (state Free until
+    /// a small allocation revives it).
+    pub fn slab_slot(ptr: u64, obj: u64, slab: u32, slot: u64, stream: u32) -> Record {
+        Record {
+            ptr,
+            requested: 0,
+            size: obj,
+            seg_or_slab: slab,
+            off_or_slot: slot,
+            blk: NIL,
+            stream,
+            gen: 0,
+            state: RecState::Free,
+            slab: true,
+            uses: 0,
+            next: NIL,
+        }
+    }
+
     /// The run of a run record.
     #[inline]
     pub fn run(&self) -> Run {

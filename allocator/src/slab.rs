@@ -316,20 +316,7 @@ mod tests {
         };
         let (base, obj) = (4096, 256);
         let mut records: Vec<Record> = (0..4u64)
-            .map(|s| Record {
-                ptr: base + s * obj,
-                requested: 0,
-                size: obj,
-                seg_or_slab: 7,
-                off_or_slot: s,
-                blk: NIL,
-                stream: 0,
-                gen: 0,
-                state: RecState::Free,
-                slab: true,
-                uses: 0,
-                next: NIL,
-            })
+            .map(|s| Record::slab_slot(base + s * obj, obj, 7, s, 0))
             .collect();
         let mut s = Slab::new(0, run, base, obj, 0, vec![0, 1, 2, 3], &mut records);
         s.check(7, &records).unwrap();
