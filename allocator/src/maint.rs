@@ -2,7 +2,7 @@
 //! advice from a forecaster, and the invariant check.
 
 use crate::backend::{BackendError, DeviceBackend, DevicePtr, StreamId};
-use crate::buddy::{Run, NIL};
+use crate::buddy::Run;
 use crate::error::AllocError;
 use crate::policy::{Advice, GrowthRequest, SegmentView};
 use crate::pool::{retire_slab, Allocator, PendingFree, RecState, Record, SLAB_TAG};
@@ -488,18 +488,10 @@ impl<B: DeviceBackend> Allocator<B> {
                 let len = bytes.next_multiple_of(self.cfg.min_block);
                 for _ in 0..count {
                     let id = self.new_record(Record {
-                        ptr: 0,
                         requested: len,
                         size: len,
-                        seg_or_slab: 0,
-                        off_or_slot: 0,
-                        blk: NIL,
                         stream,
-                        gen: 0,
-                        state: RecState::Free,
-                        slab: false,
-                        uses: 0,
-                        next: NIL,
+                        ..Record::vacant()
                     });
                     let run = match self.obtain_run(stream, len, id, false) {
                         Ok(x) => x,

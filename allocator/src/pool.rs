@@ -267,34 +267,22 @@ impl<B: DeviceBackend> Allocator<B> {
         match self.free_records.pop() {
             Some(id) => id,
             None => {
-                self.records.push(Record {
-                    ptr: 0,
-                    requested: 0,
-                    size: 0,
-                    seg_or_slab: NIL,
-                    off_or_slot: 0,
-                    blk: NIL,
-                    stream: 0,
-                    gen: 0,
-                    state: RecState::Free,
-                    slab: false,
-                    uses: 0,
-                    next: NIL,
-                });
+                self.records.push(Record::vacant());
                 (self.records.len() - 1) as u32
             }
         }
     }
 
+    /// A record holding `r`, under the next generation of its id (a stale handle to
+    /// the id's previous life no longer matches).
     pub(crate) fn new_record(&mut self, r: Record) -> u32 {
-        if let Some(id) = self.free_records.pop() {
-            let gen = self.records[id as usize].gen.wrapping_add(1);
-            self.records[id as usize] = Record { gen, ..r };
-            id
-        } else {
-            self.records.push(r);
-            (self.records.len() - 1) as u32
-        }
+        let id = self.reserve_record();
+        let rec = &mut self.records[id as usize];
+        *rec = Record {
+            gen: rec.gen.wrapping_add(1),
+            ..r
+        };
+        id
     }
 
     fn handle(&self, id: u32) -> Allocation {

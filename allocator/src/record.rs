@@ -36,22 +36,35 @@ pub(crate) struct Record {
 }
 
 impl Record {
+    /// A record in no use (state Free), for the table to hand out.
+    pub fn vacant() -> Record {
+        Record {
+            ptr: 0,
+            requested: 0,
+            size: 0,
+            seg_or_slab: NIL,
+            off_or_slot: 0,
+            blk: NIL,
+            stream: 0,
+            gen: 0,
+            state: RecState::Free,
+            slab: false,
+            uses: 0,
+            next: NIL,
+        }
+    }
+
     /// The record slot `slot` of slab `slab` owns for the slab's life (state Free until
     /// a small allocation revives it).
     pub fn slab_slot(ptr: u64, obj: u64, slab: u32, slot: u64, stream: u32) -> Record {
         Record {
             ptr,
-            requested: 0,
             size: obj,
             seg_or_slab: slab,
             off_or_slot: slot,
-            blk: NIL,
             stream,
-            gen: 0,
-            state: RecState::Free,
             slab: true,
-            uses: 0,
-            next: NIL,
+            ..Record::vacant()
         }
     }
 

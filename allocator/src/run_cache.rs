@@ -168,18 +168,10 @@ mod tests {
 
     fn rec(size: u64) -> Record {
         Record {
-            ptr: 0,
             requested: size,
             size,
-            seg_or_slab: 0,
-            off_or_slot: 0,
-            blk: NIL,
-            stream: 0,
-            gen: 0,
             state: RecState::Cached,
-            slab: false,
-            uses: 0,
-            next: NIL,
+            ..Record::vacant()
         }
     }
 
