@@ -26,11 +26,23 @@ impl<B: DeviceBackend> Allocator<B> {
         owner: u32,
         small: bool,
     ) -> Result<Run, AllocError> {
-        let cached = self.pool_mut(stream)?.cache.runs();
+        self.pool_mut(stream)?;
         if let Some(run) = self.try_carve(stream, len, owner, small) {
             return Ok(run);
         }
-        if cached > 0 {
+        self.obtain_run_after_miss(stream, len, owner, small)
+    }
+
+    /// [`Allocator::obtain_run`] for a caller whose `try_carve` has just missed: the
+    /// same steps, without searching the placement index again first.
+    pub(crate) fn obtain_run_after_miss(
+        &mut self,
+        stream: StreamId,
+        len: u64,
+        owner: u32,
+        small: bool,
+    ) -> Result<Run, AllocError> {
+        if self.pool_mut(stream)?.cache.runs() > 0 {
             self.flush_cache(stream)?;
             if let Some(x) = self.try_carve(stream, len, owner, small) {
                 return Ok(x);
