@@ -82,7 +82,7 @@ struct Blk {
 /// Blocks of every segment of one pool, free ones in size bins.
 #[derive(Debug, Clone)]
 pub struct Extents {
-    blks: Vec<Blk>,
+    blks: Blks,
     dead: Vec<u32>,
     /// Per segment: its first and last block (NIL, NIL while nothing is mapped).
     ends: Vec<(u32, u32)>,
@@ -99,7 +99,7 @@ pub struct Extents {
 impl Default for Extents {
     fn default() -> Self {
         Extents {
-            blks: Vec::new(),
+            blks: Blks(Vec::new()),
             dead: Vec::new(),
             ends: Vec::new(),
             heads: Box::new([[NIL; NBINS]; 2]),
@@ -107,6 +107,41 @@ impl Default for Extents {
             top: [0; 2],
             nfree: 0,
         }
+    }
+}
+
+/// The block table, indexed by block id without a bounds check on the hot paths:
+/// every id used there comes from the index's own links or from a `take` the caller
+/// hands back (checked by `debug_assert!` in debug builds and by [`Extents::check`]).
+#[derive(Debug, Clone)]
+struct Blks(Vec<Blk>);
+
+impl std::ops::Deref for Blks {
+    type Target = Vec<Blk>;
+    fn deref(&self) -> &Vec<Blk> {
+        &self.0
+    }
+}
+impl std::ops::DerefMut for Blks {
+    fn deref_mut(&mut self) -> &mut Vec<Blk> {
+        &mut self.0
+    }
+}
+impl std::ops::Index<u32> for Blks {
+    type Output = Blk;
+    #[inline(always)]
+    fn index(&self, i: u32) -> &Blk {
+        debug_assert!((i as usize) < self.0.len(), "block {i} out of range");
+        // SAFETY: see the type's docs; ids are below len by the index's invariants.
+        unsafe { self.0.get_unchecked(i as usize) }
+    }
+}
+impl std::ops::IndexMut<u32> for Blks {
+    #[inline(always)]
+    fn index_mut(&mut self, i: u32) -> &mut Blk {
+        debug_assert!((i as usize) < self.0.len(), "block {i} out of range");
+        // SAFETY: as for `index`.
+        unsafe { self.0.get_unchecked_mut(i as usize) }
     }
 }
 
@@ -130,7 +165,7 @@ impl Extents {
     /// `(segment, offset, length)` of block `i`.
     #[inline]
     pub fn span(&self, i: u32) -> (u32, u64, u64) {
-        let b = &self.blks[i as usize];
+        let b = &self.blks[i];
         (b.seg, b.off, b.len)
     }
 
@@ -138,7 +173,7 @@ impl Extents {
     fn new_blk(&mut self, b: Blk) -> u32 {
         match self.dead.pop() {
             Some(i) => {
-                self.blks[i as usize] = b;
+                self.blks[i] = b;
                 i
             }
             None => {
@@ -150,17 +185,17 @@ impl Extents {
 
     #[inline(always)]
     fn kill(&mut self, i: u32) {
-        self.blks[i as usize].state = BlkState::Dead;
+        self.blks[i].state = BlkState::Dead;
         self.dead.push(i);
     }
 
     /// Takes free block `i` out of its size bin (it stays Free). O(1): a list unlink.
     #[inline(always)]
     fn unbin(&mut self, i: u32) {
-        let e = &self.blks[i as usize];
+        let e = &self.blks[i];
         let (k, b, prev, next) = (e.small as usize, e.bin as usize, e.prev, e.next);
         if prev != NIL {
-            self.blks[prev as usize].next = next;
+            self.blks[prev].next = next;
         } else {
             self.heads[k][b] = next;
             if next == NIL {
@@ -172,22 +207,22 @@ impl Extents {
             }
         }
         if next != NIL {
-            self.blks[next as usize].prev = prev;
+            self.blks[next].prev = prev;
         }
     }
 
     /// Puts free block `i` at the head of bin `b` (which must be `bin_of` its length).
     #[inline(always)]
     fn bin_at(&mut self, i: u32, b: usize) {
-        let k = self.blks[i as usize].small as usize;
+        let k = self.blks[i].small as usize;
         let head = self.heads[k][b];
         if head != NIL {
-            self.blks[head as usize].prev = i;
+            self.blks[head].prev = i;
         } else {
             self.bits[k][b / 64] |= 1 << (b % 64);
             self.top[k] |= 1 << (b / 64);
         }
-        let e = &mut self.blks[i as usize];
+        let e = &mut self.blks[i];
         e.prev = NIL;
         e.next = head;
         e.bin = b as u16;
@@ -197,7 +232,7 @@ impl Extents {
     /// Puts free block `i` in its size bin.
     #[inline(always)]
     fn bin(&mut self, i: u32) {
-        self.bin_at(i, bin_of(self.blks[i as usize].len));
+        self.bin_at(i, bin_of(self.blks[i].len));
     }
 
     /// Sets free block `i` to `[off, off + len)`, moving it between bins only if the
@@ -205,7 +240,7 @@ impl Extents {
     #[inline(always)]
     fn reshape_free(&mut self, i: u32, off: u64, len: u64) {
         let nb = bin_of(len);
-        let e = &mut self.blks[i as usize];
+        let e = &mut self.blks[i];
         e.off = off;
         e.len = len;
         if e.bin as usize != nb {
@@ -222,12 +257,12 @@ impl Extents {
         let i = self.new_blk(b);
         let seg = b.seg as usize;
         if left != NIL {
-            self.blks[left as usize].right = i;
+            self.blks[left].right = i;
         } else {
             self.ends[seg].0 = i;
         }
         if right != NIL {
-            self.blks[right as usize].left = i;
+            self.blks[right].left = i;
         } else {
             self.ends[seg].1 = i;
         }
@@ -237,15 +272,15 @@ impl Extents {
     /// Unlinks block `i` from its segment's address list and kills it.
     #[inline(always)]
     fn unlink_kill(&mut self, i: u32) {
-        let e = &self.blks[i as usize];
+        let e = &self.blks[i];
         let (seg, left, right) = (e.seg as usize, e.left, e.right);
         if left != NIL {
-            self.blks[left as usize].right = right;
+            self.blks[left].right = right;
         } else {
             self.ends[seg].0 = right;
         }
         if right != NIL {
-            self.blks[right as usize].left = left;
+            self.blks[right].left = left;
         } else {
             self.ends[seg].1 = left;
         }
@@ -262,15 +297,15 @@ impl Extents {
             return;
         }
         let last = self.ends[seg as usize].1;
-        if last != NIL && self.blks[last as usize].state == BlkState::Free {
-            let (off, l) = (self.blks[last as usize].off, self.blks[last as usize].len);
+        if last != NIL && self.blks[last].state == BlkState::Free {
+            let (off, l) = (self.blks[last].off, self.blks[last].len);
             self.reshape_free(last, off, l + len);
             return;
         }
         let off = if last == NIL {
             0
         } else {
-            let b = &self.blks[last as usize];
+            let b = &self.blks[last];
             b.off + b.len
         };
         let i = self.link_new(
@@ -298,7 +333,7 @@ impl Extents {
     pub fn tail_free(&self, seg: u32) -> u64 {
         match self.ends.get(seg as usize) {
             Some(&(_, last)) if last != NIL => {
-                let b = &self.blks[last as usize];
+                let b = &self.blks[last];
                 if b.state == BlkState::Free {
                     b.len
                 } else {
@@ -319,12 +354,10 @@ impl Extents {
     pub fn trim_tail(&mut self, seg: u32, len: u64) {
         let last = self.last(seg);
         assert!(
-            last != NIL
-                && self.blks[last as usize].state == BlkState::Free
-                && self.blks[last as usize].len >= len,
+            last != NIL && self.blks[last].state == BlkState::Free && self.blks[last].len >= len,
             "trimming bytes that are not free"
         );
-        let (off, l) = (self.blks[last as usize].off, self.blks[last as usize].len);
+        let (off, l) = (self.blks[last].off, self.blks[last].len);
         if l == len {
             self.unbin(last);
             self.unlink_kill(last);
@@ -343,7 +376,7 @@ impl Extents {
             return;
         }
         assert!(
-            first == last && self.blks[first as usize].state == BlkState::Free,
+            first == last && self.blks[first].state == BlkState::Free,
             "removing a segment in use"
         );
         self.unbin(first);
@@ -357,7 +390,8 @@ impl Extents {
     /// its bin, unless its length's bin changes).
     #[inline]
     pub fn take(&mut self, i: u32, off: u64, len: u64) -> u32 {
-        let b = &self.blks[i as usize];
+        // Checked: `i` comes from outside this module.
+        let b = &self.blks.0[i as usize];
         let (boff, blen, left, right) = (b.off, b.len, b.left, b.right);
         // The state check stays on in release builds (a stale block index would
         // otherwise corrupt the tiling); the range comes from `best_fit`/`span`.
@@ -385,7 +419,7 @@ impl Extents {
         }
         if head == 0 {
             self.unbin(i);
-            let e = &mut self.blks[i as usize];
+            let e = &mut self.blks[i];
             e.state = BlkState::Used;
             e.prev = NIL;
             e.next = NIL;
@@ -415,36 +449,37 @@ impl Extents {
     /// Frees used block `i`, merging it with free neighbours. O(1).
     #[inline]
     pub fn release(&mut self, i: u32) {
-        let b = &self.blks[i as usize];
+        // Checked: `i` comes from outside this module.
+        let b = &self.blks.0[i as usize];
         assert_eq!(
             b.state,
             BlkState::Used,
             "releasing a block that is not used"
         );
         let (off, len, left, right) = (b.off, b.len, b.left, b.right);
-        let lf = left != NIL && self.blks[left as usize].state == BlkState::Free;
-        let rf = right != NIL && self.blks[right as usize].state == BlkState::Free;
+        let lf = left != NIL && self.blks[left].state == BlkState::Free;
+        let rf = right != NIL && self.blks[right].state == BlkState::Free;
         match (lf, rf) {
             (false, false) => {
-                self.blks[i as usize].state = BlkState::Free;
+                self.blks[i].state = BlkState::Free;
                 self.bin(i);
                 self.nfree += 1;
             }
             (true, false) => {
-                let l = &self.blks[left as usize];
+                let l = &self.blks[left];
                 let (loff, llen) = (l.off, l.len);
                 self.unlink_kill(i);
                 self.reshape_free(left, loff, llen + len);
             }
             (false, true) => {
-                let rlen = self.blks[right as usize].len;
+                let rlen = self.blks[right].len;
                 self.unlink_kill(i);
                 self.reshape_free(right, off, len + rlen);
             }
             (true, true) => {
-                let l = &self.blks[left as usize];
+                let l = &self.blks[left];
                 let (loff, llen) = (l.off, l.len);
-                let rlen = self.blks[right as usize].len;
+                let rlen = self.blks[right].len;
                 self.unbin(right);
                 self.unlink_kill(right);
                 self.unlink_kill(i);
@@ -459,7 +494,7 @@ impl Extents {
     pub fn containing(&self, seg: u32, off: u64, len: u64) -> Option<u32> {
         let mut i = self.ends.get(seg as usize)?.0;
         while i != NIL {
-            let b = &self.blks[i as usize];
+            let b = &self.blks.0[i as usize];
             if b.off + b.len > off {
                 let inside = b.off <= off && off + len <= b.off + b.len;
                 return (inside && b.state == BlkState::Free).then_some(i);
@@ -478,11 +513,11 @@ impl Extents {
         let mut i = self.heads[k][b];
         let mut left = limit;
         while i != NIL && left > 0 {
-            let e = &self.blks[i as usize];
+            let e = &self.blks[i];
             let l = e.len;
             if l >= len && l <= best_len {
                 let better = l < best_len || {
-                    let f = &self.blks[best as usize];
+                    let f = &self.blks[best];
                     (e.seg, e.off) < (f.seg, f.off)
                 };
                 if better {
@@ -546,8 +581,8 @@ impl Extents {
                 let b = w * 64 + 63 - self.bits[k][w].leading_zeros() as usize;
                 let mut i = self.heads[k][b];
                 while i != NIL {
-                    best = best.max(self.blks[i as usize].len);
-                    i = self.blks[i as usize].next;
+                    best = best.max(self.blks.0[i as usize].len);
+                    i = self.blks.0[i as usize].next;
                 }
             }
         }
@@ -569,7 +604,7 @@ impl Extents {
             if i == NIL {
                 return None;
             }
-            let b = &self.blks[i as usize];
+            let b = &self.blks.0[i as usize];
             i = b.right;
             Some((b.off, b.len, b.state == BlkState::Free))
         })
@@ -598,7 +633,7 @@ impl Extents {
                 }
                 let (mut i, mut prev) = (self.heads[k][b], NIL);
                 while i != NIL {
-                    let e = &self.blks[i as usize];
+                    let e = &self.blks.0[i as usize];
                     if e.state != BlkState::Free
                         || bin_of(e.len) != b
                         || e.bin as usize != b
@@ -623,7 +658,7 @@ impl Extents {
             let (first, last) = self.ends.get(seg as usize).copied().unwrap_or((NIL, NIL));
             let (mut i, mut left, mut left_free) = (first, NIL, false);
             while i != NIL {
-                let b = &self.blks[i as usize];
+                let b = &self.blks.0[i as usize];
                 if b.seg != seg || b.off != cur || b.len == 0 || b.left != left {
                     return Err(format!(
                         "segment {seg}: block {i} at {} (len {}) breaks the tiling at {cur}",
