@@ -623,6 +623,13 @@ impl BuddyPool {
     /// Marks the free range `[spot.off, spot.off + len)` as a Used run tagged `owner`.
     #[inline(always)]
     pub fn carve(&mut self, spot: Spot, len: u64, owner: u32) -> Run {
+        self.carve_at(spot, len, owner).0
+    }
+
+    /// [`BuddyPool::carve`], also returning the segment's base address (the caller's
+    /// device address is `base + run.off`; read here, where the segment is at hand).
+    #[inline(always)]
+    pub fn carve_at(&mut self, spot: Spot, len: u64, owner: u32) -> (Run, u64) {
         let Spot { seg, off, free } = spot;
         debug_assert_eq!(
             self.ext.span(free).0,
@@ -638,8 +645,9 @@ impl BuddyPool {
                 self.runs.insert((seg, off), (len, owner));
             }
         }
-        self.segs[seg as usize].used += len;
-        Run { seg, off, blk }
+        let s = &mut self.segs[seg as usize];
+        s.used += len;
+        (Run { seg, off, blk }, s.base)
     }
 
     /// Carves `[off, off + len)` at the end of `seg`'s free tail (growth's case).

@@ -1,7 +1,15 @@
 //! The allocator's record table entries: one per allocation handle (generation-checked),
 //! so that a free is O(1) and a stale or forged handle is an error, not corruption.
 
+use std::num::NonZeroU32;
+
 use crate::buddy::{Run, NIL};
+
+/// The generation after `g` (wrapping past `u32::MAX` to 1).
+#[inline]
+pub(crate) fn next_gen(g: NonZeroU32) -> NonZeroU32 {
+    g.checked_add(1).unwrap_or(NonZeroU32::MIN)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RecState {
@@ -26,7 +34,9 @@ pub(crate) struct Record {
     /// Run: its block in the placement index (what a free hands back); slab: NIL.
     pub blk: u32,
     pub stream: u32,
-    pub gen: u32,
+    /// Generation: bumped on every life of the id, never 0 (so that
+    /// `Option<Allocation>` is no larger than `Allocation`).
+    pub gen: NonZeroU32,
     pub state: RecState,
     pub slab: bool,
     /// Other streams that used it (bit s = stream s; bit 63 = streams >= 63).
@@ -46,7 +56,7 @@ impl Record {
             off_or_slot: 0,
             blk: NIL,
             stream: 0,
-            gen: 0,
+            gen: NonZeroU32::MIN,
             state: RecState::Free,
             slab: false,
             uses: 0,
@@ -83,10 +93,30 @@ impl Record {
     /// new generation (a stale handle to its previous life no longer matches).
     #[inline]
     pub fn revive(&mut self, requested: u64) {
-        self.gen = self.gen.wrapping_add(1);
+        self.gen = next_gen(self.gen);
         self.requested = requested;
         self.state = RecState::Live;
         self.uses = 0;
+    }
+
+    /// Makes this record the live allocation of `requested` bytes in `run` (`len`
+    /// bytes at device address `base + run.off`) on `stream`, under a new generation.
+    #[inline]
+    pub fn make_run(&mut self, base: u64, run: Run, requested: u64, len: u64, stream: u32) {
+        *self = Record {
+            ptr: base + run.off,
+            requested,
+            size: len,
+            seg_or_slab: run.seg,
+            off_or_slot: run.off,
+            blk: run.blk,
+            stream,
+            gen: next_gen(self.gen),
+            state: RecState::Live,
+            slab: false,
+            uses: 0,
+            next: NIL,
+        };
     }
 
     #[inline]
