@@ -656,6 +656,14 @@ impl BuddyPool {
         self.carve(Spot { seg, off, free }, len, owner)
     }
 
+    /// The run whose placement block is `blk` in segment `seg` (a record keeps only the
+    /// block; the offset is the block's).
+    #[inline(always)]
+    pub fn run_of(&self, seg: u32, blk: u32) -> Run {
+        let (_, off, _) = self.ext.span(blk);
+        Run { seg, off, blk }
+    }
+
     /// Frees the Used run `run` of `len` bytes (exactly as carved). O(1) on the
     /// placement index; a tree segment also walks its tree.
     #[inline(always)]

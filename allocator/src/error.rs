@@ -40,6 +40,9 @@ pub enum AllocError {
     /// A stream id the backend does not know.
     #[error("unknown stream {0}")]
     UnknownStream(StreamId),
+    /// The backend made a stream beyond the 65,536 the allocator can tell apart.
+    #[error("stream {0} is beyond the 65536 streams memcast supports")]
+    TooManyStreams(StreamId),
     /// Any other backend failure (not out of memory).
     #[error(transparent)]
     Backend(#[from] BackendError),

@@ -391,9 +391,10 @@ impl<B: DeviceBackend> Allocator<B> {
 
     pub(crate) fn defer_free(&mut self, id: u32) -> Result<(), AllocError> {
         let r = self.records[id as usize];
+        let uses = self.uses.remove(&id).unwrap_or(0);
         let mut events = Vec::new();
         for s in 0..64u32 {
-            if r.uses & (1u64 << s) == 0 {
+            if uses & (1u64 << s) == 0 {
                 continue;
             }
             // Bit 63 stands for every stream >= 63.
@@ -409,7 +410,7 @@ impl<B: DeviceBackend> Allocator<B> {
             }
         }
         self.records[id as usize].state = RecState::Pending;
-        self.pending_bytes += r.size;
+        self.pending_bytes += r.size();
         self.pending.push(PendingFree { rec: id, events });
         self.stats.deferred_frees += 1;
         Ok(())
@@ -442,8 +443,8 @@ impl<B: DeviceBackend> Allocator<B> {
                     self.backend.destroy_event(e)?;
                 }
                 let r = self.records[p.rec as usize];
-                self.pending_bytes -= r.size;
-                self.records[p.rec as usize].uses = 0;
+                self.pending_bytes -= r.size();
+                self.records[p.rec as usize].set_uses(false);
                 self.release_record(p.rec)?;
                 done += 1;
             } else {
@@ -499,12 +500,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 }
                 let len = bytes.next_multiple_of(self.cfg.min_block);
                 for _ in 0..count {
-                    let id = self.new_record(Record {
-                        requested: len,
-                        size: len,
-                        stream,
-                        ..Record::vacant()
-                    });
+                    let id = self.new_record(Record::unplaced(len, stream));
                     let run = match self.obtain_run(stream, len, id, false) {
                         Ok(x) => x,
                         Err(e) => {
@@ -565,17 +561,17 @@ impl<B: DeviceBackend> Allocator<B> {
             match r.state {
                 RecState::Free => continue,
                 RecState::Live => {
-                    requested += r.requested;
-                    allocated += r.size;
+                    requested += r.requested();
+                    allocated += r.size();
                     if r.ptr % self.cfg.min_block != 0 {
                         return bad(format!("record {id}: pointer {:#x} misaligned", r.ptr));
                     }
                 }
-                RecState::Cached => cached[r.stream as usize] += r.size,
+                RecState::Cached => cached[r.stream() as usize] += r.size(),
                 RecState::Pending => {}
             }
-            if !r.slab {
-                run_bytes[r.stream as usize] += r.size;
+            if !r.slab() {
+                run_bytes[r.stream() as usize] += r.size();
             }
         }
         if requested != self.stats.requested.current || allocated != self.stats.allocated.current {
@@ -597,11 +593,11 @@ impl<B: DeviceBackend> Allocator<B> {
             let mut bytes = 0;
             for (id, in_its_slot) in pool.cache.iter(&self.records) {
                 let r = &self.records[id as usize];
-                if r.state != RecState::Cached || !in_its_slot || r.stream as usize != s {
+                if r.state != RecState::Cached || !in_its_slot || r.stream() as usize != s {
                     return bad(format!("stream {s}: bad cache entry {id}"));
                 }
                 n += 1;
-                bytes += r.size;
+                bytes += r.size();
             }
             if !pool.cache.mask_agrees() {
                 return bad(format!("stream {s}: cache mask disagrees"));

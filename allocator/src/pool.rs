@@ -141,8 +141,11 @@ pub struct Allocator<B: DeviceBackend> {
     pub(crate) stats: AllocStats,
     /// Allocations left until the next latency sample.
     pub(crate) sample: u32,
-    /// `max_request`, or `u64::MAX` when unset: a large request above it leaves the
-    /// hot path (which then checks the device's capacity too).
+    /// Per record used on other streams (`Record::has_uses`): the streams (bit s =
+    /// stream s; bit 63 = streams >= 63). Rare, so kept out of the record table.
+    pub(crate) uses: FxMap<u32, u64>,
+    /// `max_request` (when set) capped at the largest size a record holds: a large
+    /// request above it leaves the hot path (which then checks the device's capacity).
     pub(crate) request_cap: u64,
 }
 
@@ -199,10 +202,11 @@ impl<B: DeviceBackend> Allocator<B> {
             pending_bytes: 0,
             stats: AllocStats::default(),
             sample: sample_countdown(cfg.latency_sample_every),
+            uses: FxMap::default(),
             request_cap: if cfg.max_request > 0 {
-                cfg.max_request
+                cfg.max_request.min(crate::record::MAX_SIZE)
             } else {
-                u64::MAX
+                crate::record::MAX_SIZE
             },
             cfg,
         })
@@ -228,6 +232,10 @@ impl<B: DeviceBackend> Allocator<B> {
     /// A new stream on the backend, known to the allocator.
     pub fn create_stream(&mut self, priority: StreamPriority) -> Result<StreamId, AllocError> {
         let s = self.backend.create_stream(priority)?;
+        // Records keep the stream in 16 bits.
+        if s > u16::MAX as u32 {
+            return Err(AllocError::TooManyStreams(s));
+        }
         self.streams = self.streams.max(s + 1);
         Ok(s)
     }
@@ -291,10 +299,9 @@ impl<B: DeviceBackend> Allocator<B> {
     pub(crate) fn new_record(&mut self, r: Record) -> u32 {
         let id = self.reserve_record();
         let rec = &mut self.records[id as usize];
-        *rec = Record {
-            gen: crate::record::next_gen(rec.gen),
-            ..r
-        };
+        let gen = crate::record::next_gen(rec.gen);
+        *rec = r;
+        rec.gen = gen;
         id
     }
 
@@ -302,7 +309,7 @@ impl<B: DeviceBackend> Allocator<B> {
         let r = &self.records[id as usize];
         Allocation {
             ptr: DevicePtr(r.ptr),
-            size: r.requested,
+            size: r.requested(),
             id,
             gen: r.gen,
         }
@@ -348,7 +355,7 @@ impl<B: DeviceBackend> Allocator<B> {
                         id,
                         gen: r.gen,
                     },
-                    r.size,
+                    r.size(),
                 );
                 let st = &mut self.stats;
                 st.allocs += 1;
@@ -382,11 +389,13 @@ impl<B: DeviceBackend> Allocator<B> {
     /// backend's capacity. Read on the paths that may call the device.
     #[inline]
     fn check_size(&self, bytes: u64) -> Result<(), AllocError> {
+        // Records hold sizes up to MAX_SIZE (1 TiB).
         let cap = if self.cfg.max_request > 0 {
             self.cfg.max_request.min(self.backend.capacity())
         } else {
             self.backend.capacity()
-        };
+        }
+        .min(crate::record::MAX_SIZE);
         if bytes > cap {
             return Err(AllocError::TooLarge {
                 requested: bytes,
@@ -475,7 +484,13 @@ impl<B: DeviceBackend> Allocator<B> {
         // One record per slot, for the slab's life (O(capacity) here, none per alloc).
         let recs: Vec<u32> = (0..capacity)
             .map(|slot| {
-                self.new_record(Record::slab_slot(base + slot * obj, obj, id, slot, stream))
+                self.new_record(Record::slab_slot(
+                    base + slot * obj,
+                    obj,
+                    id,
+                    slot as u32,
+                    stream,
+                ))
             })
             .collect();
         let mut slab = Slab::new(
@@ -610,14 +625,14 @@ impl<B: DeviceBackend> Allocator<B> {
     pub fn deallocate(&mut self, a: Allocation, stream: StreamId) -> Result<(), AllocError> {
         let id = self.check_handle(&a)?;
         let r = &self.records[id as usize];
-        let (owner, requested, size, uses) = (r.stream, r.requested, r.size, r.uses);
+        let (owner, requested, size, uses) = (r.stream(), r.requested(), r.size(), r.has_uses());
         if owner != stream {
             return Err(wrong_stream(a.ptr, owner, stream));
         }
         self.stats.frees += 1;
         self.stats.requested.sub(requested);
         self.stats.allocated.sub(size);
-        if uses != 0 {
+        if uses {
             self.defer_free(id)?;
         } else {
             self.release_record(id)?;
@@ -644,12 +659,17 @@ impl<B: DeviceBackend> Allocator<B> {
             if pool.buddy.run_index() {
                 continue;
             }
-            let runs = self
+            let runs: Vec<_> = self
                 .records
                 .iter()
                 .enumerate()
-                .filter(|(_, r)| r.state != RecState::Free && !r.slab && r.stream as usize == s)
-                .map(|(id, r)| (r.seg_or_slab, r.off_or_slot, r.size, id as u32));
+                .filter(|(_, r)| r.state != RecState::Free && !r.slab() && r.stream() as usize == s)
+                .map(|(id, r)| {
+                    let (seg, blk) = r.seg_blk();
+                    let run = pool.buddy.run_of(seg, blk);
+                    (seg, run.off, r.size(), id as u32)
+                })
+                .collect();
             pool.buddy.set_run_index(true, runs);
         }
     }
@@ -670,7 +690,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 None if !pool.buddy.run_index() && !pool.buddy.segs[seg as usize].tree => {
                     self.records
                         .iter()
-                        .position(|r| r.state != RecState::Free && !r.slab && r.ptr == ptr.0)
+                        .position(|r| r.state != RecState::Free && !r.slab() && r.ptr == ptr.0)
                         .ok_or_else(unknown)? as u32
                 }
                 None => return Err(unknown()),
@@ -709,8 +729,9 @@ impl<B: DeviceBackend> Allocator<B> {
             return Err(AllocError::UnknownStream(stream));
         }
         let r = &mut self.records[id as usize];
-        if r.stream != stream {
-            r.uses |= 1u64 << stream.min(63);
+        if r.stream() != stream {
+            r.set_uses(true);
+            *self.uses.entry(id).or_default() |= 1u64 << stream.min(63);
         }
         Ok(())
     }
@@ -719,11 +740,11 @@ impl<B: DeviceBackend> Allocator<B> {
     #[inline(always)]
     pub(crate) fn release_record(&mut self, id: u32) -> Result<(), AllocError> {
         let r = &self.records[id as usize];
-        if r.slab {
+        if r.slab() {
             self.free_slot(id, r.seg_or_slab);
             return Ok(());
         }
-        let (stream, size, run) = (r.stream, r.size, r.run());
+        let (stream, size, (seg, blk)) = (r.stream(), r.size(), r.seg_blk());
         let pool = self.pools[stream as usize]
             .as_mut()
             .expect("pool of a live record");
@@ -738,10 +759,10 @@ impl<B: DeviceBackend> Allocator<B> {
                 self.flush_cache(stream)?;
             }
         } else {
-            pool.buddy.free_run(run, size);
+            pool.buddy.free_run(pool.buddy.run_of(seg, blk), size);
             self.records[id as usize].state = RecState::Free;
             self.free_records.push(id);
-            self.maybe_release_segment(stream, run.seg)?;
+            self.maybe_release_segment(stream, seg)?;
         }
         Ok(())
     }
@@ -801,7 +822,8 @@ impl<B: DeviceBackend> Allocator<B> {
         let buddy = &mut pool.buddy;
         pool.cache.drain(&mut self.records, |records, id| {
             let r = &mut records[id as usize];
-            buddy.free_run(r.run(), r.size);
+            let (seg, blk) = r.seg_blk();
+            buddy.free_run(buddy.run_of(seg, blk), r.size());
             r.state = RecState::Free;
             free_records.push(id);
             if watch && buddy.segs[r.seg_or_slab as usize].used == 0 {

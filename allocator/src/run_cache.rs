@@ -71,9 +71,9 @@ impl RunCache {
     /// Caches record `id` (its `size` is the run's length). The caller sets its state.
     #[inline]
     pub fn push(&mut self, records: &mut [Record], id: u32) {
-        let size = records[id as usize].size;
+        let size = records[id as usize].size();
         let s = slot_of(size);
-        records[id as usize].next = self.heads[s];
+        records[id as usize].set_next(self.heads[s]);
         self.heads[s] = id;
         self.mask[s / 64] |= 1 << (s % 64);
         self.runs += 1;
@@ -90,17 +90,17 @@ impl RunCache {
         let (mut prev, mut id) = (NIL, self.heads[s]);
         while id != NIL {
             let r = &records[id as usize];
-            let next = r.next;
-            if r.size == len {
+            let next = r.next();
+            if r.size() == len {
                 if prev == NIL {
                     self.heads[s] = next;
                     if next == NIL {
                         self.mask[s / 64] &= !(1 << (s % 64));
                     }
                 } else {
-                    records[prev as usize].next = next;
+                    records[prev as usize].set_next(next);
                 }
-                records[id as usize].next = NIL;
+                records[id as usize].set_next(NIL);
                 self.runs -= 1;
                 self.bytes -= len;
                 return Some(id);
@@ -120,7 +120,8 @@ impl RunCache {
                 bits &= bits - 1;
                 let mut id = std::mem::replace(&mut self.heads[s], NIL);
                 while id != NIL {
-                    let next = std::mem::replace(&mut records[id as usize].next, NIL);
+                    let next = records[id as usize].next();
+                    records[id as usize].set_next(NIL);
                     f(records, id);
                     id = next;
                 }
@@ -141,8 +142,8 @@ impl RunCache {
                     return None;
                 }
                 let this = id;
-                id = records[id as usize].next;
-                Some((this, marked && slot_of(records[this as usize].size) == s))
+                id = records[id as usize].next();
+                Some((this, marked && slot_of(records[this as usize].size()) == s))
             })
         })
     }
@@ -155,7 +156,7 @@ impl RunCache {
     /// Length of the largest cached run (0 if none).
     pub fn largest(&self, records: &[Record]) -> u64 {
         self.iter(records)
-            .map(|(id, _)| records[id as usize].size)
+            .map(|(id, _)| records[id as usize].size())
             .max()
             .unwrap_or(0)
     }
@@ -167,12 +168,9 @@ mod tests {
     use crate::record::RecState;
 
     fn rec(size: u64) -> Record {
-        Record {
-            requested: size,
-            size,
-            state: RecState::Cached,
-            ..Record::vacant()
-        }
+        let mut r = Record::unplaced(size, 0);
+        r.state = RecState::Cached;
+        r
     }
 
     /// Random pushes, takes and drains against a multiset model: a take finds a run
@@ -206,8 +204,8 @@ mod tests {
                             let pos = model.iter().position(|&m| m == len);
                             prop_assert_eq!(got.is_some(), pos.is_some());
                             if let (Some(id), Some(p)) = (got, pos) {
-                                prop_assert_eq!(records[id as usize].size, len);
-                                prop_assert_eq!(records[id as usize].next, NIL);
+                                prop_assert_eq!(records[id as usize].size(), len);
+                                prop_assert_eq!(records[id as usize].next(), NIL);
                                 model.swap_remove(p);
                             }
                         }

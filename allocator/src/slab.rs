@@ -155,7 +155,7 @@ impl Slab {
     ) -> Self {
         let mut head = NIL;
         for &id in recs.iter().rev() {
-            records[id as usize].next = head;
+            records[id as usize].set_next(head);
             head = id;
         }
         Slab {
@@ -226,7 +226,8 @@ impl Slab {
             return None;
         }
         let r = &mut records[id as usize];
-        self.free_head = std::mem::replace(&mut r.next, NIL);
+        self.free_head = r.next();
+        r.set_next(NIL);
         self.used += 1;
         Some(id)
     }
@@ -234,7 +235,7 @@ impl Slab {
     /// Returns the slot of record `id` (one of this slab's, just set Free). O(1).
     #[inline]
     pub(crate) fn return_slot(&mut self, records: &mut [Record], id: u32) {
-        records[id as usize].next = self.free_head;
+        records[id as usize].set_next(self.free_head);
         self.free_head = id;
         self.used -= 1;
     }
@@ -265,7 +266,8 @@ impl Slab {
             let r = records
                 .get(rid as usize)
                 .ok_or_else(|| format!("slab: slot {s} names record {rid}"))?;
-            if !r.slab || r.seg_or_slab != id || r.off_or_slot != s as u64 || r.size != self.obj {
+            if !r.slab() || r.seg_or_slab != id || r.blk_or_slot != s as u32 || r.size() != self.obj
+            {
                 return Err(format!("slab: record {rid} is not slot {s}'s"));
             }
             if r.ptr != self.base + s as u64 * self.obj {
@@ -282,7 +284,7 @@ impl Slab {
             let r = records
                 .get(i as usize)
                 .ok_or_else(|| format!("slab: free list names record {i}"))?;
-            if !r.slab || r.seg_or_slab != id || r.state != RecState::Free {
+            if !r.slab() || r.seg_or_slab != id || r.state != RecState::Free {
                 return Err(format!(
                     "slab: free-listed record {i} is not a free slot of it"
                 ));
@@ -291,7 +293,7 @@ impl Slab {
             if n > self.capacity {
                 return Err("slab: the free list loops".into());
             }
-            i = r.next;
+            i = r.next();
         }
         if n != free || self.used + n != self.capacity {
             return Err(format!(
@@ -316,7 +318,7 @@ mod tests {
         };
         let (base, obj) = (4096, 256);
         let mut records: Vec<Record> = (0..4u64)
-            .map(|s| Record::slab_slot(base + s * obj, obj, 7, s, 0))
+            .map(|s| Record::slab_slot(base + s * obj, obj, 7, s as u32, 0))
             .collect();
         let mut s = Slab::new(0, run, base, obj, 0, vec![0, 1, 2, 3], &mut records);
         s.check(7, &records).unwrap();
