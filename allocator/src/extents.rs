@@ -44,6 +44,7 @@
 //! walks a segment's blocks.
 
 use crate::buddy::NIL;
+use crate::table::Table;
 
 /// Bins per power of two: 2^SUB_BITS (measured in the module docs).
 const SUB_BITS: usize = 5;
@@ -82,7 +83,7 @@ struct Blk {
 /// Blocks of every segment of one pool, free ones in size bins.
 #[derive(Debug, Clone)]
 pub struct Extents {
-    blks: Blks,
+    blks: Table<Blk>,
     dead: Vec<u32>,
     /// Per segment: its first and last block (NIL, NIL while nothing is mapped).
     ends: Vec<(u32, u32)>,
@@ -99,7 +100,7 @@ pub struct Extents {
 impl Default for Extents {
     fn default() -> Self {
         Extents {
-            blks: Blks(Vec::new()),
+            blks: Table(Vec::new()),
             dead: Vec::new(),
             ends: Vec::new(),
             heads: Box::new([[NIL; NBINS]; 2]),
@@ -107,41 +108,6 @@ impl Default for Extents {
             top: [0; 2],
             nfree: 0,
         }
-    }
-}
-
-/// The block table, indexed by block id without a bounds check on the hot paths:
-/// every id used there comes from the index's own links or from a `take` the caller
-/// hands back (checked by `debug_assert!` in debug builds and by [`Extents::check`]).
-#[derive(Debug, Clone)]
-struct Blks(Vec<Blk>);
-
-impl std::ops::Deref for Blks {
-    type Target = Vec<Blk>;
-    fn deref(&self) -> &Vec<Blk> {
-        &self.0
-    }
-}
-impl std::ops::DerefMut for Blks {
-    fn deref_mut(&mut self) -> &mut Vec<Blk> {
-        &mut self.0
-    }
-}
-impl std::ops::Index<u32> for Blks {
-    type Output = Blk;
-    #[inline(always)]
-    fn index(&self, i: u32) -> &Blk {
-        debug_assert!((i as usize) < self.0.len(), "block {i} out of range");
-        // SAFETY: see the type's docs; ids are below len by the index's invariants.
-        unsafe { self.0.get_unchecked(i as usize) }
-    }
-}
-impl std::ops::IndexMut<u32> for Blks {
-    #[inline(always)]
-    fn index_mut(&mut self, i: u32) -> &mut Blk {
-        debug_assert!((i as usize) < self.0.len(), "block {i} out of range");
-        // SAFETY: as for `index`.
-        unsafe { self.0.get_unchecked_mut(i as usize) }
     }
 }
 

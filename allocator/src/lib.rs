@@ -32,6 +32,7 @@ mod run_cache;
 pub mod shared;
 pub mod slab;
 pub mod stats;
+mod table;
 pub mod tier;
 
 pub use backend::{DeviceBackend, DevicePtr, StreamId};

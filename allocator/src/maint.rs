@@ -344,7 +344,7 @@ impl<B: DeviceBackend> Allocator<B> {
             for class in 0..pool.partial.len() {
                 for spare in std::mem::take(&mut pool.spares[class]) {
                     retire_slab(
-                        &mut self.slabs[spare as usize],
+                        &mut self.slabs[spare],
                         spare,
                         &mut pool.buddy,
                         &mut self.free_records,
@@ -354,7 +354,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 let mut k = 0;
                 while k < pool.partial[class].len() {
                     let id = pool.partial[class][k];
-                    let slab = &mut self.slabs[id as usize];
+                    let slab = &mut self.slabs[id];
                     if slab.used == 0 {
                         pool.partial[class].swap_remove(k);
                         slab.in_partial = false;
@@ -390,7 +390,7 @@ impl<B: DeviceBackend> Allocator<B> {
     }
 
     pub(crate) fn defer_free(&mut self, id: u32) -> Result<(), AllocError> {
-        let r = self.records[id as usize];
+        let r = self.records[id];
         let uses = self.uses.remove(&id).unwrap_or(0);
         let mut events = Vec::new();
         for s in 0..64u32 {
@@ -409,7 +409,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 events.push(e);
             }
         }
-        self.records[id as usize].state = RecState::Pending;
+        self.records[id].state = RecState::Pending;
         self.pending_bytes += r.size();
         self.pending.push(PendingFree { rec: id, events });
         self.stats.deferred_frees += 1;
@@ -442,9 +442,9 @@ impl<B: DeviceBackend> Allocator<B> {
                 for e in p.events {
                     self.backend.destroy_event(e)?;
                 }
-                let r = self.records[p.rec as usize];
+                let r = self.records[p.rec];
                 self.pending_bytes -= r.size();
-                self.records[p.rec as usize].set_uses(false);
+                self.records[p.rec].set_uses(false);
                 self.release_record(p.rec)?;
                 done += 1;
             } else {
@@ -514,7 +514,7 @@ impl<B: DeviceBackend> Allocator<B> {
                     // Straight into the cache: ready for an O(1) hit.
                     let pool = self.pools[stream as usize].as_mut().expect("pool");
                     let base = pool.buddy.segs[run.seg as usize].base;
-                    let r = &mut self.records[id as usize];
+                    let r = &mut self.records[id];
                     r.ptr = base + run.off;
                     r.set_run(run);
                     r.state = RecState::Cached;
@@ -592,7 +592,7 @@ impl<B: DeviceBackend> Allocator<B> {
             let mut n = 0;
             let mut bytes = 0;
             for (id, in_its_slot) in pool.cache.iter(&self.records) {
-                let r = &self.records[id as usize];
+                let r = &self.records[id];
                 if r.state != RecState::Cached || !in_its_slot || r.stream() as usize != s {
                     return bad(format!("stream {s}: bad cache entry {id}"));
                 }

@@ -35,6 +35,7 @@ pub(crate) use crate::record::{RecState, Record};
 use crate::run_cache::RunCache;
 use crate::slab::{SizeClasses, Slab};
 use crate::stats::AllocStats;
+pub(crate) use crate::table::Table;
 
 /// Owner tags of Used buddy nodes: a record id, or a slab id with this bit.
 pub(crate) const SLAB_TAG: u32 = 1 << 31;
@@ -132,9 +133,9 @@ pub struct Allocator<B: DeviceBackend> {
     pub(crate) classes: SizeClasses,
     pub(crate) pools: Vec<Option<StreamPool>>,
     pub(crate) streams: u32,
-    pub(crate) records: Vec<Record>,
+    pub(crate) records: Table<Record>,
     pub(crate) free_records: Vec<u32>,
-    pub(crate) slabs: Vec<Slab>,
+    pub(crate) slabs: Table<Slab>,
     pub(crate) free_slabs: Vec<u32>,
     pub(crate) pending: Vec<PendingFree>,
     pub(crate) pending_bytes: u64,
@@ -194,9 +195,9 @@ impl<B: DeviceBackend> Allocator<B> {
             release,
             pools: Vec::new(),
             streams: 1,
-            records: Vec::new(),
+            records: Table::default(),
             free_records: Vec::new(),
-            slabs: Vec::new(),
+            slabs: Table::default(),
             free_slabs: Vec::new(),
             pending: Vec::new(),
             pending_bytes: 0,
@@ -298,7 +299,7 @@ impl<B: DeviceBackend> Allocator<B> {
     /// the id's previous life no longer matches).
     pub(crate) fn new_record(&mut self, r: Record) -> u32 {
         let id = self.reserve_record();
-        let rec = &mut self.records[id as usize];
+        let rec = &mut self.records[id];
         let gen = crate::record::next_gen(rec.gen);
         *rec = r;
         rec.gen = gen;
@@ -306,7 +307,7 @@ impl<B: DeviceBackend> Allocator<B> {
     }
 
     fn handle(&self, id: u32) -> Allocation {
-        let r = &self.records[id as usize];
+        let r = &self.records[id];
         Allocation {
             ptr: DevicePtr(r.ptr),
             size: r.requested(),
@@ -347,7 +348,7 @@ impl<B: DeviceBackend> Allocator<B> {
         match r {
             Ok(id) => {
                 // The paths above return the record id; the handle is built once, here.
-                let r = &self.records[id as usize];
+                let r = &self.records[id];
                 let (a, size) = (
                     Allocation {
                         ptr: DevicePtr(r.ptr),
@@ -418,7 +419,7 @@ impl<B: DeviceBackend> Allocator<B> {
             _ => self.small_slab(bytes, stream, class, obj)?,
         };
         // The slot's record is the slab's; a small allocation only brings it to life.
-        let slab = &mut self.slabs[slab_id as usize];
+        let slab = &mut self.slabs[slab_id];
         let id = slab
             .take_slot(&mut self.records)
             .expect("partial slab has a free slot");
@@ -428,7 +429,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 p.partial[class].pop();
             }
         }
-        self.records[id as usize].revive(bytes);
+        self.records[id].revive(bytes);
         self.stats.slab_allocs += 1;
         Ok(id)
     }
@@ -451,7 +452,7 @@ impl<B: DeviceBackend> Allocator<B> {
         }
         if let Some(s) = pool.spares[class].pop() {
             pool.partial[class].push(s);
-            self.slabs[s as usize].in_partial = true;
+            self.slabs[s].in_partial = true;
             return Ok(s);
         }
         self.new_slab(stream, class, obj)
@@ -469,7 +470,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 (self.slabs.len() - 1) as u32
             }
         };
-        self.slabs[id as usize].live = false;
+        self.slabs[id].live = false;
         let run = match self.obtain_run(stream, len, SLAB_TAG | id, true) {
             Ok(x) => x,
             Err(e) => {
@@ -503,7 +504,7 @@ impl<B: DeviceBackend> Allocator<B> {
             &mut self.records,
         );
         slab.in_partial = true;
-        self.slabs[id as usize] = slab;
+        self.slabs[id] = slab;
         Ok(id)
     }
 
@@ -527,7 +528,7 @@ impl<B: DeviceBackend> Allocator<B> {
             return self.alloc_large_slow(bytes, len, stream);
         }
         if let Some(id) = pool.cache.take(&mut self.records, len) {
-            self.records[id as usize].revive(bytes);
+            self.records[id].revive(bytes);
             self.stats.cache_hits += 1;
             return Ok(id);
         }
@@ -549,7 +550,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 }
             };
             let (run, base) = pool.buddy.carve_at(spot, len, id);
-            self.records[id as usize].make_run(base, run, bytes, len, stream);
+            self.records[id].make_run(base, run, bytes, len, stream);
             return Ok(id);
         }
         self.alloc_large_slow(bytes, len, stream)
@@ -584,7 +585,7 @@ impl<B: DeviceBackend> Allocator<B> {
             .buddy
             .segs[run.seg as usize]
             .base;
-        self.records[id as usize].make_run(base, run, bytes, len, stream);
+        self.records[id].make_run(base, run, bytes, len, stream);
         Ok(id)
     }
 
@@ -624,7 +625,7 @@ impl<B: DeviceBackend> Allocator<B> {
     /// (with deferred coalescing) for runs.
     pub fn deallocate(&mut self, a: Allocation, stream: StreamId) -> Result<(), AllocError> {
         let id = self.check_handle(&a)?;
-        let r = &self.records[id as usize];
+        let r = &self.records[id];
         let (owner, requested, size, uses) = (r.stream(), r.requested(), r.size(), r.has_uses());
         if owner != stream {
             return Err(wrong_stream(a.ptr, owner, stream));
@@ -696,14 +697,14 @@ impl<B: DeviceBackend> Allocator<B> {
                 None => return Err(unknown()),
             };
             let id = if owner != NIL && owner & SLAB_TAG != 0 {
-                let slab = &self.slabs[(owner & !SLAB_TAG) as usize];
+                let slab = &self.slabs[owner & !SLAB_TAG];
                 let rel = ptr.0 - slab.base;
                 if !rel.is_multiple_of(slab.obj) {
                     return Err(unknown());
                 }
                 match slab.record_at((rel / slab.obj) as u32) {
                     // A free slot's record is the slab's, not an allocation.
-                    Some(id) if self.records[id as usize].state != RecState::Free => id,
+                    Some(id) if self.records[id].state != RecState::Free => id,
                     _ => return Err(unknown()),
                 }
             } else {
@@ -728,7 +729,7 @@ impl<B: DeviceBackend> Allocator<B> {
         if stream >= self.streams {
             return Err(AllocError::UnknownStream(stream));
         }
-        let r = &mut self.records[id as usize];
+        let r = &mut self.records[id];
         if r.stream() != stream {
             r.set_uses(true);
             *self.uses.entry(id).or_default() |= 1u64 << stream.min(63);
@@ -739,7 +740,7 @@ impl<B: DeviceBackend> Allocator<B> {
     /// Returns a freed record's memory to its slab, its stream's cache, or its tree.
     #[inline(always)]
     pub(crate) fn release_record(&mut self, id: u32) -> Result<(), AllocError> {
-        let r = &self.records[id as usize];
+        let r = &self.records[id];
         if r.slab() {
             self.free_slot(id, r.seg_or_slab);
             return Ok(());
@@ -751,7 +752,7 @@ impl<B: DeviceBackend> Allocator<B> {
         pool.recent[recent_slot(size)] = size;
         let deferred = self.cfg.coalesce == Coalesce::Deferred && pool.repeat_score >= 64;
         if deferred {
-            self.records[id as usize].state = RecState::Cached;
+            self.records[id].state = RecState::Cached;
             pool.cache.push(&mut self.records, id);
             let over = pool.cache.runs() > self.cfg.cache_max_runs
                 || pool.cache.bytes() as f64 > self.cfg.cache_max_fraction * pool.reserved as f64;
@@ -760,7 +761,7 @@ impl<B: DeviceBackend> Allocator<B> {
             }
         } else {
             pool.buddy.free_run(pool.buddy.run_of(seg, blk), size);
-            self.records[id as usize].state = RecState::Free;
+            self.records[id].state = RecState::Free;
             self.free_records.push(id);
             self.maybe_release_segment(stream, seg)?;
         }
@@ -768,8 +769,8 @@ impl<B: DeviceBackend> Allocator<B> {
     }
 
     fn free_slot(&mut self, id: u32, slab_id: u32) {
-        self.records[id as usize].state = RecState::Free;
-        let slab = &mut self.slabs[slab_id as usize];
+        self.records[id].state = RecState::Free;
+        let slab = &mut self.slabs[slab_id];
         slab.return_slot(&mut self.records, id);
         let (class, stream) = (slab.class as usize, slab.stream);
         let pool = self.pools[stream as usize]
@@ -821,7 +822,7 @@ impl<B: DeviceBackend> Allocator<B> {
         let free_records = &mut self.free_records;
         let buddy = &mut pool.buddy;
         pool.cache.drain(&mut self.records, |records, id| {
-            let r = &mut records[id as usize];
+            let r = &mut records[id];
             let (seg, blk) = r.seg_blk();
             buddy.free_run(buddy.run_of(seg, blk), r.size());
             r.state = RecState::Free;

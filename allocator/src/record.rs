@@ -38,6 +38,7 @@ const FLAG_USES: u8 = 2;
 /// the L1 cache: at 64 bytes a record, the `alloc_free` bench missed L1 on most frees
 /// (callgrind's cache simulation, docs/allocator.md).
 #[derive(Debug, Clone, Copy)]
+#[repr(align(32))]
 pub(crate) struct Record {
     pub ptr: u64,
     /// Bytes taken, in units of 256: the run length, or the slab class size.

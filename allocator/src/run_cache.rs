@@ -25,6 +25,7 @@
 use crate::buddy::NIL;
 use crate::fxmap;
 use crate::record::Record;
+use crate::table::Table;
 
 const SLOTS: usize = 256;
 const WORDS: usize = SLOTS / 64;
@@ -70,10 +71,10 @@ impl RunCache {
 
     /// Caches record `id` (its `size` is the run's length). The caller sets its state.
     #[inline]
-    pub fn push(&mut self, records: &mut [Record], id: u32) {
-        let size = records[id as usize].size();
+    pub fn push(&mut self, records: &mut Table<Record>, id: u32) {
+        let size = records[id].size();
         let s = slot_of(size);
-        records[id as usize].set_next(self.heads[s]);
+        records[id].set_next(self.heads[s]);
         self.heads[s] = id;
         self.mask[s / 64] |= 1 << (s % 64);
         self.runs += 1;
@@ -82,14 +83,14 @@ impl RunCache {
 
     /// Takes a cached run of exactly `len` bytes out of the cache, if there is one.
     #[inline]
-    pub fn take(&mut self, records: &mut [Record], len: u64) -> Option<u32> {
+    pub fn take(&mut self, records: &mut Table<Record>, len: u64) -> Option<u32> {
         if self.runs == 0 {
             return None;
         }
         let s = slot_of(len);
         let (mut prev, mut id) = (NIL, self.heads[s]);
         while id != NIL {
-            let r = &records[id as usize];
+            let r = &records[id];
             let next = r.next();
             if r.size() == len {
                 if prev == NIL {
@@ -98,9 +99,9 @@ impl RunCache {
                         self.mask[s / 64] &= !(1 << (s % 64));
                     }
                 } else {
-                    records[prev as usize].set_next(next);
+                    records[prev].set_next(next);
                 }
-                records[id as usize].set_next(NIL);
+                records[id].set_next(NIL);
                 self.runs -= 1;
                 self.bytes -= len;
                 return Some(id);
@@ -112,7 +113,11 @@ impl RunCache {
     }
 
     /// Empties the cache, handing every cached record to `f` (in no particular order).
-    pub fn drain(&mut self, records: &mut [Record], mut f: impl FnMut(&mut [Record], u32)) {
+    pub fn drain(
+        &mut self,
+        records: &mut Table<Record>,
+        mut f: impl FnMut(&mut Table<Record>, u32),
+    ) {
         for w in 0..WORDS {
             let mut bits = std::mem::take(&mut self.mask[w]);
             while bits != 0 {
@@ -120,8 +125,8 @@ impl RunCache {
                 bits &= bits - 1;
                 let mut id = std::mem::replace(&mut self.heads[s], NIL);
                 while id != NIL {
-                    let next = records[id as usize].next();
-                    records[id as usize].set_next(NIL);
+                    let next = records[id].next();
+                    records[id].set_next(NIL);
                     f(records, id);
                     id = next;
                 }
@@ -142,6 +147,7 @@ impl RunCache {
                     return None;
                 }
                 let this = id;
+                // Checked indexing: this walk is what finds a corrupt list.
                 id = records[id as usize].next();
                 Some((this, marked && slot_of(records[this as usize].size()) == s))
             })
@@ -154,9 +160,9 @@ impl RunCache {
     }
 
     /// Length of the largest cached run (0 if none).
-    pub fn largest(&self, records: &[Record]) -> u64 {
+    pub fn largest(&self, records: &Table<Record>) -> u64 {
         self.iter(records)
-            .map(|(id, _)| records[id as usize].size())
+            .map(|(id, _)| records[id].size())
             .max()
             .unwrap_or(0)
     }
@@ -186,7 +192,7 @@ mod tests {
         });
         runner
             .run(&proptest::collection::vec(op, 1..300), |ops| {
-                let mut records: Vec<Record> = Vec::new();
+                let mut records: Table<Record> = Table::default();
                 let mut c = RunCache::default();
                 let mut model: Vec<u64> = Vec::new();
                 for (kind, n) in ops {
@@ -204,8 +210,8 @@ mod tests {
                             let pos = model.iter().position(|&m| m == len);
                             prop_assert_eq!(got.is_some(), pos.is_some());
                             if let (Some(id), Some(p)) = (got, pos) {
-                                prop_assert_eq!(records[id as usize].size(), len);
-                                prop_assert_eq!(records[id as usize].next(), NIL);
+                                prop_assert_eq!(records[id].size(), len);
+                                prop_assert_eq!(records[id].next(), NIL);
                                 model.swap_remove(p);
                             }
                         }

@@ -19,6 +19,7 @@
 
 use crate::buddy::{Run, NIL};
 use crate::record::{RecState, Record};
+use crate::table::Table;
 
 /// The size classes of small objects.
 #[derive(Debug, Clone)]
@@ -151,11 +152,11 @@ impl Slab {
         obj: u64,
         class: u32,
         recs: Vec<u32>,
-        records: &mut [Record],
+        records: &mut Table<Record>,
     ) -> Self {
         let mut head = NIL;
         for &id in recs.iter().rev() {
-            records[id as usize].set_next(head);
+            records[id].set_next(head);
             head = id;
         }
         Slab {
@@ -220,12 +221,12 @@ impl Slab {
     /// Takes a free slot: returns its record (still in state Free; the caller makes it
     /// Live). O(1).
     #[inline]
-    pub(crate) fn take_slot(&mut self, records: &mut [Record]) -> Option<u32> {
+    pub(crate) fn take_slot(&mut self, records: &mut Table<Record>) -> Option<u32> {
         let id = self.free_head;
         if id == NIL {
             return None;
         }
-        let r = &mut records[id as usize];
+        let r = &mut records[id];
         self.free_head = r.next();
         r.set_next(NIL);
         self.used += 1;
@@ -234,8 +235,8 @@ impl Slab {
 
     /// Returns the slot of record `id` (one of this slab's, just set Free). O(1).
     #[inline]
-    pub(crate) fn return_slot(&mut self, records: &mut [Record], id: u32) {
-        records[id as usize].set_next(self.free_head);
+    pub(crate) fn return_slot(&mut self, records: &mut Table<Record>, id: u32) {
+        records[id].set_next(self.free_head);
         self.free_head = id;
         self.used -= 1;
     }
@@ -253,7 +254,7 @@ impl Slab {
     }
 
     /// Checks the module invariants of slab `id` against the record table.
-    pub(crate) fn check(&self, id: u32, records: &[Record]) -> Result<(), String> {
+    pub(crate) fn check(&self, id: u32, records: &Table<Record>) -> Result<(), String> {
         if self.slot_rec.len() != self.capacity as usize {
             return Err(format!(
                 "slab: {} slot records for {} slots",
@@ -317,15 +318,17 @@ mod tests {
             blk: 0,
         };
         let (base, obj) = (4096, 256);
-        let mut records: Vec<Record> = (0..4u64)
-            .map(|s| Record::slab_slot(base + s * obj, obj, 7, s as u32, 0))
-            .collect();
+        let mut records = Table(
+            (0..4u64)
+                .map(|s| Record::slab_slot(base + s * obj, obj, 7, s as u32, 0))
+                .collect(),
+        );
         let mut s = Slab::new(0, run, base, obj, 0, vec![0, 1, 2, 3], &mut records);
         s.check(7, &records).unwrap();
         // Slots come out in address order first, then the last returned first.
-        let take = |s: &mut Slab, records: &mut Vec<Record>| {
+        let take = |s: &mut Slab, records: &mut Table<Record>| {
             let id = s.take_slot(records)?;
-            records[id as usize].state = RecState::Live;
+            records[id].state = RecState::Live;
             Some(id)
         };
         assert_eq!(
