@@ -768,10 +768,24 @@ impl<B: DeviceBackend> Allocator<B> {
         Ok(())
     }
 
+    /// Returns slot record `id` to slab `slab_id`. Hot case (the slab stays partly
+    /// used and on its partial list): a list push and a compare.
+    #[inline(always)]
     fn free_slot(&mut self, id: u32, slab_id: u32) {
         self.records[id].state = RecState::Free;
         let slab = &mut self.slabs[slab_id];
         slab.return_slot(&mut self.records, id);
+        if slab.used == 0 || !slab.in_partial {
+            self.slab_changed_list(slab_id);
+        }
+    }
+
+    /// Slab `slab_id` just became empty (a spare, or back to its tree) or just got a
+    /// free slot while full (back on its partial list).
+    #[cold]
+    #[inline(never)]
+    fn slab_changed_list(&mut self, slab_id: u32) {
+        let slab = &mut self.slabs[slab_id];
         let (class, stream) = (slab.class as usize, slab.stream);
         let pool = self.pools[stream as usize]
             .as_mut()
@@ -800,7 +814,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 &mut self.free_slabs,
             );
             let _ = self.maybe_release_segment(stream, seg);
-        } else if !slab.in_partial {
+        } else {
             slab.in_partial = true;
             pool.partial[class].push(slab_id);
         }
