@@ -410,13 +410,13 @@ impl<B: DeviceBackend> Allocator<B> {
     /// partial slab on an existing pool (a slot exists, so the request fits the device).
     #[inline]
     fn alloc_small(&mut self, bytes: u64, stream: StreamId) -> Result<u32, AllocError> {
-        let (class, obj) = self.classes.class_of(bytes);
+        let class = self.classes.class_index(bytes);
         let slab_id = match self.pools.get_mut(stream as usize) {
             Some(Some(pool)) => match pool.partial[class].last() {
                 Some(&s) => s,
-                None => self.small_slab(bytes, stream, class, obj)?,
+                None => self.small_slab(bytes, stream, class)?,
             },
-            _ => self.small_slab(bytes, stream, class, obj)?,
+            _ => self.small_slab(bytes, stream, class)?,
         };
         // The slot's record is the slab's; a small allocation only brings it to life.
         let slab = &mut self.slabs[slab_id];
@@ -443,9 +443,9 @@ impl<B: DeviceBackend> Allocator<B> {
         bytes: u64,
         stream: StreamId,
         class: usize,
-        obj: u64,
     ) -> Result<u32, AllocError> {
         self.check_size(bytes)?;
+        let obj = self.classes.size(class);
         let pool = self.pool_mut(stream)?;
         if let Some(&s) = pool.partial[class].last() {
             return Ok(s);

@@ -93,6 +93,15 @@ impl SizeClasses {
         self.small_max
     }
 
+    /// The class of a request of `bytes` (1 ..= small_max). O(1): a table lookup.
+    #[inline]
+    pub fn class_index(&self, bytes: u64) -> usize {
+        match self.lut.get((bytes.max(1) - 1) as usize >> self.min_order) {
+            Some(&c) => c as usize,
+            None => self.compute_class(bytes).0,
+        }
+    }
+
     /// `(class, class size)` for a request of `bytes` (1 ..= small_max). O(1): a table
     /// lookup.
     #[inline]
