@@ -26,6 +26,7 @@
 
 use crate::extents::Extents;
 use crate::fxmap::FxMap;
+use crate::table::Table;
 
 pub const NIL: u32 = u32::MAX;
 
@@ -107,7 +108,7 @@ pub struct BuddyPool {
     /// Bit o set iff the free list of order o is non-empty.
     nonempty: u64,
     free_bytes: u64,
-    pub segs: Vec<Segment>,
+    pub(crate) segs: Table<Segment>,
     free_segs: Vec<u32>,
     /// Maximal free extents (coalesced across buddy boundaries): the placement index.
     ext: Extents,
@@ -165,7 +166,7 @@ impl BuddyPool {
             heads: [NIL; 64],
             nonempty: 0,
             free_bytes: 0,
-            segs: Vec::new(),
+            segs: Table::default(),
             free_segs: Vec::new(),
             ext: Extents::default(),
             best_fit: true,
@@ -194,7 +195,7 @@ impl BuddyPool {
         self.index_runs = on;
         if on {
             for (seg, off, len, owner) in runs {
-                if !self.segs[seg as usize].tree {
+                if !self.segs[seg].tree {
                     self.runs.insert((seg, off), (len, owner));
                 }
             }
@@ -339,7 +340,7 @@ impl BuddyPool {
     /// The deepest node of segment `seg` containing `off` (not Split).
     #[inline]
     fn locate(&self, seg: u32, off: u64) -> u32 {
-        let mut i = self.segs[seg as usize].root;
+        let mut i = self.segs[seg].root;
         loop {
             let n = &self.nodes[i as usize];
             if n.state != State::Split {
@@ -357,7 +358,7 @@ impl BuddyPool {
         if len == 0 {
             return;
         }
-        let root = self.segs[seg as usize].root;
+        let root = self.segs[seg].root;
         self.set_rec(root, off, off + len, from, to, owner);
     }
 
@@ -414,7 +415,7 @@ impl BuddyPool {
 
     /// True iff `[off, off + len)` of segment `seg` is entirely Free.
     pub fn is_free_range(&self, seg: u32, off: u64, len: u64) -> bool {
-        let s = &self.segs[seg as usize];
+        let s = &self.segs[seg];
         if off + len > s.mapped {
             return false;
         }
@@ -478,7 +479,7 @@ impl BuddyPool {
                 state: State::Unmapped,
             })
         };
-        self.segs[seg as usize] = Segment {
+        self.segs[seg] = Segment {
             base,
             mapped: 0,
             root,
@@ -497,33 +498,33 @@ impl BuddyPool {
 
     /// Extends segment `seg`'s mapped prefix by `add` bytes (now Free).
     pub fn map_more(&mut self, seg: u32, add: u64) {
-        let s = &self.segs[seg as usize];
+        let s = &self.segs[seg];
         let (start, order) = (s.mapped, s.order);
         assert!(
             start + add <= 1u64 << order,
             "growth beyond the segment's range"
         );
-        if self.segs[seg as usize].tree {
+        if self.segs[seg].tree {
             self.set_range(seg, start, add, State::Unmapped, State::Free, NIL);
         } else {
             self.free_bytes += add;
         }
-        let small = self.segs[seg as usize].small;
+        let small = self.segs[seg].small;
         self.ext.append(small, seg, add);
-        self.segs[seg as usize].mapped += add;
+        self.segs[seg].mapped += add;
     }
 
     /// Unmaps the last `release` bytes of `seg` (they must be Free).
     pub fn unmap_tail(&mut self, seg: u32, release: u64) {
-        let m = self.segs[seg as usize].mapped;
+        let m = self.segs[seg].mapped;
         debug_assert!(self.is_free_range(seg, m - release, release));
         self.ext.trim_tail(seg, release);
-        if self.segs[seg as usize].tree {
+        if self.segs[seg].tree {
             self.set_range(seg, m - release, release, State::Free, State::Unmapped, NIL);
         } else {
             self.free_bytes -= release;
         }
-        self.segs[seg as usize].mapped -= release;
+        self.segs[seg].mapped -= release;
     }
 
     /// Bytes of free space at the end of the mapped prefix of `seg`. O(1).
@@ -538,12 +539,12 @@ impl BuddyPool {
 
     /// Removes an entirely free segment; returns (base, mapped).
     pub fn remove_segment(&mut self, seg: u32) -> (u64, u64) {
-        let s = self.segs[seg as usize].clone();
+        let s = self.segs[seg].clone();
         assert!(s.live && s.used == 0, "removing a segment in use");
         if !s.tree {
             self.ext.remove_segment(seg);
             self.free_bytes -= s.mapped;
-            self.segs[seg as usize].live = false;
+            self.segs[seg].live = false;
             self.free_segs.push(seg);
             return (s.base, s.mapped);
         }
@@ -567,7 +568,7 @@ impl BuddyPool {
         }
         self.ext.remove_segment(seg);
         self.release_pair(s.root);
-        self.segs[seg as usize].live = false;
+        self.segs[seg].live = false;
         self.free_segs.push(seg);
         (s.base, s.mapped)
     }
@@ -637,7 +638,7 @@ impl BuddyPool {
             "spot names a block of another segment"
         );
         let blk = self.ext.take(free, off, len);
-        if self.segs[seg as usize].tree {
+        if self.segs[seg].tree {
             self.set_range(seg, off, len, State::Free, State::Used, owner);
         } else {
             self.free_bytes -= len;
@@ -645,7 +646,7 @@ impl BuddyPool {
                 self.runs.insert((seg, off), (len, owner));
             }
         }
-        let s = &mut self.segs[seg as usize];
+        let s = &mut self.segs[seg];
         s.used += len;
         (Run { seg, off, blk }, s.base)
     }
@@ -675,7 +676,7 @@ impl BuddyPool {
             "a stale or foreign run"
         );
         self.ext.release(blk);
-        if self.segs[seg as usize].tree {
+        if self.segs[seg].tree {
             self.set_range(seg, off, len, State::Used, State::Free, NIL);
         } else {
             self.free_bytes += len;
@@ -684,12 +685,12 @@ impl BuddyPool {
                 debug_assert_eq!(r.map(|r| r.0), Some(len), "freeing a run that is not one");
             }
         }
-        self.segs[seg as usize].used -= len;
+        self.segs[seg].used -= len;
     }
 
     /// Re-tags a Used run with a new owner.
     pub fn retag(&mut self, seg: u32, off: u64, len: u64, owner: u32) {
-        if !self.segs[seg as usize].tree {
+        if !self.segs[seg].tree {
             if let Some(r) = self.runs.get_mut(&(seg, off)) {
                 r.1 = owner;
             }
@@ -704,10 +705,10 @@ impl BuddyPool {
 
     /// The owner tag of the Used node holding segment offset `off`, if any.
     pub fn owner_at(&self, seg: u32, off: u64) -> Option<u32> {
-        if off >= self.segs[seg as usize].mapped {
+        if off >= self.segs[seg].mapped {
             return None;
         }
-        if !self.segs[seg as usize].tree {
+        if !self.segs[seg].tree {
             // Runs are found by their start only: an interior address is no run's.
             return self.runs.get(&(seg, off)).map(|r| r.1);
         }

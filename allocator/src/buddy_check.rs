@@ -134,7 +134,7 @@ impl BuddyPool {
             return Err(format!("{listed} listed free nodes, {free_nodes} in trees"));
         }
         for (_, seg, off, len) in self.ext.iter() {
-            if self.segs[seg as usize].tree && !self.is_free_range(seg, off, len) {
+            if self.segs[seg].tree && !self.is_free_range(seg, off, len) {
                 return Err(format!("extent ({seg}, {off}, {len}) is not free"));
             }
         }

@@ -59,7 +59,7 @@ fn tail_of_a_block_is_returned_as_buddies() {
 fn extent_mode_tracks_runs_without_a_tree() {
     let mut b = BuddyPool::new(256);
     let s = b.add_segment(0, 10 * MIB, 16 * MIB, false, false);
-    assert!(!b.segs[s as usize].tree);
+    assert!(!b.segs[s].tree);
     let spot = b.find_run(3 * MIB, 0, false).unwrap();
     let run = b.carve(spot, 3 * MIB, 9);
     assert_eq!(b.owner_at(s, run.off), Some(9));
@@ -87,7 +87,7 @@ fn growable_segment_maps_and_unmaps_its_tail() {
     assert_eq!(b.trailing_free(s), 3 * MIB);
     b.unmap_tail(s, 2 * MIB);
     b.check().unwrap();
-    assert_eq!(b.segs[s as usize].mapped, 4 * MIB);
+    assert_eq!(b.segs[s].mapped, 4 * MIB);
     b.free_run(run, 3 * MIB);
     b.check().unwrap();
     assert_eq!(b.trailing_free(s), 4 * MIB);

@@ -95,7 +95,7 @@ impl<B: DeviceBackend> Allocator<B> {
         small: bool,
     ) -> Option<Run> {
         let scan = self.cfg.run_scan;
-        let pool = self.pools[stream as usize].as_mut()?;
+        let pool = self.pools[stream].as_mut()?;
         let spot = pool.buddy.find_run(len, scan, small)?;
         Some(pool.buddy.carve(spot, len, owner))
     }
@@ -146,7 +146,7 @@ impl<B: DeviceBackend> Allocator<B> {
     ) -> Result<Run, BackendError> {
         let granule = self.granule();
         if self.use_growable() {
-            let seg = match self.pools[stream as usize]
+            let seg = match self.pools[stream]
                 .as_ref()
                 .and_then(|p| p.growable[small as usize])
             {
@@ -156,20 +156,20 @@ impl<B: DeviceBackend> Allocator<B> {
                     // exhaust it before physical memory runs out (PyTorch: 1.125x).
                     let va = self.backend.capacity().next_power_of_two().max(granule) * 2;
                     let base = self.backend.reserve_growable(va)?;
-                    let pool = self.pools[stream as usize].as_mut().expect("pool");
+                    let pool = self.pools[stream].as_mut().expect("pool");
                     let s = pool.buddy.add_segment(base.0, 0, va, true, small);
                     pool.growable[small as usize] = Some(s);
                     s
                 }
             };
-            let pool = self.pools[stream as usize].as_ref().expect("pool");
+            let pool = self.pools[stream].as_ref().expect("pool");
             let (base, mapped) = {
-                let s = &pool.buddy.segs[seg as usize];
+                let s = &pool.buddy.segs[seg];
                 (s.base, s.mapped)
             };
             let tail = pool.buddy.trailing_free(seg).min(len);
             let deficit = (len - tail).next_multiple_of(granule);
-            let room = (1u64 << pool.buddy.segs[seg as usize].order) - mapped;
+            let room = (1u64 << pool.buddy.segs[seg].order) - mapped;
             if deficit > room {
                 return Err(BackendError::OutOfMemory {
                     requested: deficit,
@@ -179,7 +179,7 @@ impl<B: DeviceBackend> Allocator<B> {
             if deficit == 0 {
                 // The free tail already holds the run (placement did not choose it,
                 // e.g. under buddy placement): no device call.
-                let pool = self.pools[stream as usize].as_mut().expect("pool");
+                let pool = self.pools[stream].as_mut().expect("pool");
                 return Ok(pool.buddy.carve_tail(seg, mapped - tail, len, owner));
             }
             let mut add = self
@@ -194,7 +194,7 @@ impl<B: DeviceBackend> Allocator<B> {
             }
             self.stats.device_allocs += 1;
             self.stats.reserved.add(add);
-            let pool = self.pools[stream as usize].as_mut().expect("pool");
+            let pool = self.pools[stream].as_mut().expect("pool");
             pool.reserved += add;
             pool.buddy.map_more(seg, add);
             let run = pool.buddy.carve_tail(seg, mapped - tail, len, owner);
@@ -213,7 +213,7 @@ impl<B: DeviceBackend> Allocator<B> {
             };
             self.stats.device_allocs += 1;
             self.stats.reserved.add(size);
-            let pool = self.pools[stream as usize].as_mut().expect("pool");
+            let pool = self.pools[stream].as_mut().expect("pool");
             pool.reserved += size;
             let seg = pool
                 .buddy
@@ -240,8 +240,8 @@ impl<B: DeviceBackend> Allocator<B> {
     }
 
     fn apply_release_policy(&mut self, stream: StreamId, seg: u32) -> Result<(), AllocError> {
-        let pool = self.pools[stream as usize].as_ref().expect("pool");
-        let s = &pool.buddy.segs[seg as usize];
+        let pool = self.pools[stream].as_ref().expect("pool");
+        let s = &pool.buddy.segs[seg];
         if !s.live {
             return Ok(());
         }
@@ -274,8 +274,8 @@ impl<B: DeviceBackend> Allocator<B> {
     /// Gives a free fixed segment back to the device, or the free tail of a growable one.
     fn release_segment(&mut self, stream: StreamId, seg: u32) -> Result<u64, AllocError> {
         let granule = self.granule();
-        let pool = self.pools[stream as usize].as_mut().expect("pool");
-        let s = pool.buddy.segs[seg as usize].clone();
+        let pool = self.pools[stream].as_mut().expect("pool");
+        let s = pool.buddy.segs[seg].clone();
         if s.growable {
             let t = pool.buddy.trailing_free(seg);
             let release = t - t % granule;
@@ -283,7 +283,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 return Ok(0);
             }
             self.backend.shrink(DevicePtr(s.base), s.mapped, release)?;
-            let pool = self.pools[stream as usize].as_mut().expect("pool");
+            let pool = self.pools[stream].as_mut().expect("pool");
             pool.buddy.unmap_tail(seg, release);
             pool.reserved -= release;
             self.stats.reserved.sub(release);
@@ -292,7 +292,7 @@ impl<B: DeviceBackend> Allocator<B> {
         } else if s.used == 0 {
             self.backend
                 .deallocate(DevicePtr(s.base), s.mapped, stream)?;
-            let pool = self.pools[stream as usize].as_mut().expect("pool");
+            let pool = self.pools[stream].as_mut().expect("pool");
             pool.buddy.remove_segment(seg);
             pool.reserved -= s.mapped;
             self.stats.reserved.sub(s.mapped);
@@ -311,7 +311,7 @@ impl<B: DeviceBackend> Allocator<B> {
         self.coalesce()?;
         let mut freed = 0;
         for stream in 0..self.pools.len() as u32 {
-            let Some(pool) = self.pools[stream as usize].as_ref() else {
+            let Some(pool) = self.pools[stream].as_ref() else {
                 continue;
             };
             let segs: Vec<u32> = pool.buddy.live_segments().map(|(i, _)| i).collect();
@@ -328,7 +328,7 @@ impl<B: DeviceBackend> Allocator<B> {
     pub fn coalesce(&mut self) -> Result<(), AllocError> {
         self.process_pending(true)?;
         for stream in 0..self.pools.len() as u32 {
-            if self.pools[stream as usize].is_none() {
+            if self.pools[stream].is_none() {
                 continue;
             }
             self.flush_cache(stream)?;
@@ -482,7 +482,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 let id = self.records.len() as u32;
                 match self.grow(stream, len, id, false) {
                     Ok(run) => {
-                        let pool = self.pools[stream as usize].as_mut().expect("pool");
+                        let pool = self.pools[stream].as_mut().expect("pool");
                         pool.buddy.free_run(run, len);
                         Ok(())
                     }
@@ -512,8 +512,8 @@ impl<B: DeviceBackend> Allocator<B> {
                         }
                     };
                     // Straight into the cache: ready for an O(1) hit.
-                    let pool = self.pools[stream as usize].as_mut().expect("pool");
-                    let base = pool.buddy.segs[run.seg as usize].base;
+                    let pool = self.pools[stream].as_mut().expect("pool");
+                    let base = pool.buddy.segs[run.seg].base;
                     let r = &mut self.records[id];
                     r.ptr = base + run.off;
                     r.set_run(run);
@@ -534,7 +534,7 @@ impl<B: DeviceBackend> Allocator<B> {
                     .map(|(i, s)| (i, s.mapped))
                     .collect();
                 for (seg, _) in segs {
-                    let free = self.pools[stream as usize]
+                    let free = self.pools[stream]
                         .as_ref()
                         .expect("pool")
                         .buddy

@@ -131,7 +131,7 @@ pub struct Allocator<B: DeviceBackend> {
     /// costs a free nothing (no segment look, no virtual call).
     pub(crate) release_active: bool,
     pub(crate) classes: SizeClasses,
-    pub(crate) pools: Vec<Option<StreamPool>>,
+    pub(crate) pools: Table<Option<StreamPool>>,
     pub(crate) streams: u32,
     pub(crate) records: Table<Record>,
     pub(crate) free_records: Vec<u32>,
@@ -193,7 +193,7 @@ impl<B: DeviceBackend> Allocator<B> {
             growth,
             release_active: release.active(),
             release,
-            pools: Vec::new(),
+            pools: Table::default(),
             streams: 1,
             records: Table::default(),
             free_records: Vec::new(),
@@ -248,7 +248,7 @@ impl<B: DeviceBackend> Allocator<B> {
         if !matches!(self.pools.get(stream as usize), Some(Some(_))) {
             self.create_pool(stream)?;
         }
-        Ok(self.pools[stream as usize].as_mut().expect("pool created"))
+        Ok(self.pools[stream].as_mut().expect("pool created"))
     }
 
     #[cold]
@@ -264,7 +264,7 @@ impl<B: DeviceBackend> Allocator<B> {
         let nclasses = self.classes.len();
         let min_block = self.cfg.min_block;
         let best_fit = self.cfg.best_fit;
-        self.pools[i].get_or_insert_with(|| StreamPool {
+        self.pools.0[i].get_or_insert_with(|| StreamPool {
             buddy: {
                 let mut b = BuddyPool::new(min_block);
                 b.set_best_fit(best_fit);
@@ -425,7 +425,7 @@ impl<B: DeviceBackend> Allocator<B> {
             .expect("partial slab has a free slot");
         if slab.free_slots() == 0 {
             slab.in_partial = false;
-            if let Some(p) = self.pools[stream as usize].as_mut() {
+            if let Some(p) = self.pools[stream].as_mut() {
                 p.partial[class].pop();
             }
         }
@@ -479,8 +479,8 @@ impl<B: DeviceBackend> Allocator<B> {
             }
         };
         self.stats.slabs_carved += 1;
-        let pool = self.pools[stream as usize].as_mut().expect("pool exists");
-        let base = pool.buddy.segs[run.seg as usize].base + run.off;
+        let pool = self.pools[stream].as_mut().expect("pool exists");
+        let base = pool.buddy.segs[run.seg].base + run.off;
         pool.partial[class].push(id);
         // One record per slot, for the slab's life (O(capacity) here, none per alloc).
         let recs: Vec<u32> = (0..capacity)
@@ -538,7 +538,7 @@ impl<B: DeviceBackend> Allocator<B> {
         let mut pool = pool;
         if pool.cache.runs() > 0 {
             self.flush_cache(stream)?;
-            pool = self.pools[stream as usize].as_mut().expect("pool");
+            pool = self.pools[stream].as_mut().expect("pool");
         }
         if let Some(spot) = pool.buddy.find_run(len, scan, false) {
             // The record id comes first so that the run's nodes carry it.
@@ -579,12 +579,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 return Err(e);
             }
         };
-        let base = self.pools[stream as usize]
-            .as_ref()
-            .expect("pool")
-            .buddy
-            .segs[run.seg as usize]
-            .base;
+        let base = self.pools[stream].as_ref().expect("pool").buddy.segs[run.seg].base;
         self.records[id].make_run(base, run, bytes, len, stream);
         Ok(id)
     }
@@ -688,7 +683,7 @@ impl<B: DeviceBackend> Allocator<B> {
             };
             let owner = match pool.buddy.owner_at(seg, off) {
                 Some(o) => o,
-                None if !pool.buddy.run_index() && !pool.buddy.segs[seg as usize].tree => {
+                None if !pool.buddy.run_index() && !pool.buddy.segs[seg].tree => {
                     self.records
                         .iter()
                         .position(|r| r.state != RecState::Free && !r.slab() && r.ptr == ptr.0)
@@ -746,9 +741,7 @@ impl<B: DeviceBackend> Allocator<B> {
             return Ok(());
         }
         let (stream, size, (seg, blk)) = (r.stream(), r.size(), r.seg_blk());
-        let pool = self.pools[stream as usize]
-            .as_mut()
-            .expect("pool of a live record");
+        let pool = self.pools[stream].as_mut().expect("pool of a live record");
         pool.recent[recent_slot(size)] = size;
         let deferred = self.cfg.coalesce == Coalesce::Deferred && pool.repeat_score >= 64;
         if deferred {
@@ -787,9 +780,7 @@ impl<B: DeviceBackend> Allocator<B> {
     fn slab_changed_list(&mut self, slab_id: u32) {
         let slab = &mut self.slabs[slab_id];
         let (class, stream) = (slab.class as usize, slab.stream);
-        let pool = self.pools[stream as usize]
-            .as_mut()
-            .expect("pool of a slab");
+        let pool = self.pools[stream].as_mut().expect("pool of a slab");
         if slab.used == 0 {
             // Empty: off the partial list; kept as a spare of its class, or, if the
             // class has enough, back to the buddy tree.
@@ -841,7 +832,7 @@ impl<B: DeviceBackend> Allocator<B> {
             buddy.free_run(buddy.run_of(seg, blk), r.size());
             r.state = RecState::Free;
             free_records.push(id);
-            if watch && buddy.segs[r.seg_or_slab as usize].used == 0 {
+            if watch && buddy.segs[r.seg_or_slab].used == 0 {
                 segs.push(r.seg_or_slab);
             }
         });
