@@ -87,7 +87,9 @@ pub struct AllocConfig {
     /// Buddy placement only: how many free blocks of the floor order are tried for a run that straddles two
     /// buddies before splitting a larger block (a bounded best-fit search).
     pub run_scan: u32,
-    /// Sample the allocation latency histogram every N allocations (0 = off).
+    /// Sample the allocation latency histogram every N allocations (0 = off). A timed
+    /// allocation costs ~50 ns more on the development machine (two clock reads): every
+    /// 64th added ~0.8 ns (~2%) to a bench alloc+free pair, every 1024th adds 0.05 ns.
     pub latency_sample_every: u32,
     /// Upper bound on one request, bytes (0 = the device capacity).
     pub max_request: u64,
@@ -115,7 +117,7 @@ impl Default for AllocConfig {
             release: Release::OnOom,
             best_fit: true,
             run_scan: 16,
-            latency_sample_every: 64,
+            latency_sample_every: 1024,
             max_request: 0,
         }
     }
