@@ -32,6 +32,35 @@ fn bad_requests_are_typed_errors() {
     a.check_invariants().unwrap();
 }
 
+/// Records hold sizes up to 1 TiB and streams up to 65,535: past either, a typed error
+/// (on a device that could hold more), and the allocator goes on.
+#[test]
+fn limits_of_the_record_table_are_typed_errors() {
+    const TIB: u64 = 1 << 40;
+    let mut a = Allocator::new(
+        SimBackend::new(4 * TIB, Default::default()),
+        AllocConfig::default(),
+    )
+    .unwrap();
+    match a.allocate(TIB + 1, 0) {
+        Err(AllocError::TooLarge { capacity, .. }) => assert!(capacity <= TIB),
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    let x = a.allocate(3 * MIB, 0).unwrap();
+    let mut streams = 1;
+    let err = loop {
+        match a.create_stream(StreamPriority::Normal) {
+            Ok(_) => streams += 1,
+            Err(e) => break e,
+        }
+        assert!(streams <= 1 << 16, "the 65537th stream was accepted");
+    };
+    assert!(matches!(err, AllocError::TooManyStreams(65536)), "{err}");
+    assert_eq!(streams, 1 << 16);
+    a.deallocate(x, 0).unwrap();
+    a.check_invariants().unwrap();
+}
+
 #[test]
 fn double_free_wrong_stream_and_foreign_pointers_are_refused() {
     let mut a = sim();
