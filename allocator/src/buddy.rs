@@ -688,6 +688,23 @@ impl BuddyPool {
         self.segs[seg].used -= len;
     }
 
+    /// [`BuddyPool::free_run`] given the run's block (a record keeps only the block): the
+    /// offset is read from the block only where a tree or the run index needs it.
+    #[inline(always)]
+    pub fn free_run_blk(&mut self, seg: u32, blk: u32, len: u64) {
+        if self.segs[seg].tree || self.index_runs {
+            return self.free_run(self.run_of(seg, blk), len);
+        }
+        debug_assert_eq!(
+            (self.ext.span(blk).0, self.ext.span(blk).2),
+            (seg, len),
+            "a stale or foreign run"
+        );
+        self.ext.release(blk);
+        self.free_bytes += len;
+        self.segs[seg].used -= len;
+    }
+
     /// Re-tags a Used run with a new owner.
     pub fn retag(&mut self, seg: u32, off: u64, len: u64, owner: u32) {
         if !self.segs[seg].tree {

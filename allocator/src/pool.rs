@@ -753,7 +753,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 self.flush_cache(stream)?;
             }
         } else {
-            pool.buddy.free_run(pool.buddy.run_of(seg, blk), size);
+            pool.buddy.free_run_blk(seg, blk, size);
             self.records[id].state = RecState::Free;
             self.free_records.push(id);
             self.maybe_release_segment(stream, seg)?;
@@ -829,7 +829,7 @@ impl<B: DeviceBackend> Allocator<B> {
         pool.cache.drain(&mut self.records, |records, id| {
             let r = &mut records[id];
             let (seg, blk) = r.seg_blk();
-            buddy.free_run(buddy.run_of(seg, blk), r.size());
+            buddy.free_run_blk(seg, blk, r.size());
             r.state = RecState::Free;
             free_records.push(id);
             if watch && buddy.segs[r.seg_or_slab].used == 0 {
