@@ -570,8 +570,26 @@ impl<B: DeviceBackend> Allocator<B> {
                 RecState::Cached => cached[r.stream() as usize] += r.size(),
                 RecState::Pending => {}
             }
+            // A live record flagged as used on other streams has its mask; a pending
+            // one keeps the flag until its events complete (its mask went into them).
+            let ok = match (r.state, r.has_uses()) {
+                (RecState::Live, true) => self.uses.contains_key(&(id as u32)),
+                (RecState::Pending, _) | (_, false) => true,
+                _ => false,
+            };
+            if !ok {
+                return bad(format!("record {id}: use flag and use mask disagree"));
+            }
             if !r.slab() {
                 run_bytes[r.stream() as usize] += r.size();
+            }
+        }
+        for (&id, &mask) in &self.uses {
+            let r = self.records.get(id as usize);
+            if mask == 0 || !r.is_some_and(|r| r.state == RecState::Live && r.has_uses()) {
+                return bad(format!(
+                    "use mask of record {id} without a live flagged record"
+                ));
             }
         }
         if requested != self.stats.requested.current || allocated != self.stats.allocated.current {
