@@ -57,6 +57,19 @@ fn recent_slot(len: u64) -> usize {
     ((len >> 8).wrapping_mul(fxmap::K) >> 58) as usize
 }
 
+/// A free record id of `records` (a reused one, else a new vacant record): what
+/// `Allocator::reserve_record` does, for callers that hold a pool borrowed.
+#[inline]
+fn reserve(records: &mut Table<Record>, free_records: &mut Vec<u32>) -> u32 {
+    match free_records.pop() {
+        Some(id) => id,
+        None => {
+            records.push(Record::vacant());
+            (records.len() - 1) as u32
+        }
+    }
+}
+
 #[cold]
 fn wrong_stream(ptr: DevicePtr, owner: StreamId, given: StreamId) -> AllocError {
     AllocError::WrongStream { ptr, owner, given }
@@ -286,13 +299,7 @@ impl<B: DeviceBackend> Allocator<B> {
     /// A free record id (state Free, its generation kept) for the caller to fill.
     #[inline]
     fn reserve_record(&mut self) -> u32 {
-        match self.free_records.pop() {
-            Some(id) => id,
-            None => {
-                self.records.push(Record::vacant());
-                (self.records.len() - 1) as u32
-            }
-        }
+        reserve(&mut self.records, &mut self.free_records)
     }
 
     /// A record holding `r`, under the next generation of its id (a stale handle to
@@ -519,13 +526,13 @@ impl<B: DeviceBackend> Allocator<B> {
         let scan = self.cfg.run_scan;
         let over_max = bytes > self.request_cap;
         let Some(Some(pool)) = self.pools.get_mut(stream as usize) else {
-            return self.alloc_large_slow(bytes, len, stream);
+            return self.alloc_large_slow(bytes, len, stream, false);
         };
         let repeat = pool.recent[recent_slot(len)] == len;
         pool.repeat_score =
             pool.repeat_score - pool.repeat_score / 16 + if repeat { 16 } else { 0 };
         if over_max {
-            return self.alloc_large_slow(bytes, len, stream);
+            return self.alloc_large_slow(bytes, len, stream, false);
         }
         if let Some(id) = pool.cache.take(&mut self.records, len) {
             self.records[id].revive(bytes);
@@ -542,23 +549,18 @@ impl<B: DeviceBackend> Allocator<B> {
         }
         if let Some(spot) = pool.buddy.find_run(len, scan, false) {
             // The record id comes first so that the run's nodes carry it.
-            let id = match self.free_records.pop() {
-                Some(id) => id,
-                None => {
-                    self.records.push(Record::vacant());
-                    (self.records.len() - 1) as u32
-                }
-            };
+            let id = reserve(&mut self.records, &mut self.free_records);
             let (run, base) = pool.buddy.carve_at(spot, len, id);
             self.records[id].make_run(base, run, bytes, len, stream);
             return Ok(id);
         }
-        self.alloc_large_slow(bytes, len, stream)
+        self.alloc_large_slow(bytes, len, stream, true)
     }
 
     /// `alloc_large` without room at hand (or without a pool, or above `max_request`):
     /// checks the size, coalesces the cache, then finds room the way `obtain_run` does
-    /// (waiting for pending frees, growing).
+    /// (waiting for pending frees, growing), without searching the placement index
+    /// again when `searched` (the caller has just searched it, the cache coalesced).
     #[cold]
     #[inline(never)]
     fn alloc_large_slow(
@@ -566,13 +568,19 @@ impl<B: DeviceBackend> Allocator<B> {
         bytes: u64,
         len: u64,
         stream: StreamId,
+        searched: bool,
     ) -> Result<u32, AllocError> {
         self.check_size(bytes)?;
         if self.pool_mut(stream)?.cache.runs() > 0 {
             self.flush_cache(stream)?;
         }
         let id = self.reserve_record();
-        let run = match self.obtain_run(stream, len, id, false) {
+        let found = if searched {
+            self.obtain_run_after_miss(stream, len, id, false)
+        } else {
+            self.obtain_run(stream, len, id, false)
+        };
+        let run = match found {
             Ok(run) => run,
             Err(e) => {
                 self.free_records.push(id);
