@@ -355,16 +355,7 @@ impl<B: DeviceBackend> Allocator<B> {
         match r {
             Ok(id) => {
                 // The paths above return the record id; the handle is built once, here.
-                let r = &self.records[id];
-                let (a, size) = (
-                    Allocation {
-                        ptr: DevicePtr(r.ptr),
-                        size: bytes,
-                        id,
-                        gen: r.gen,
-                    },
-                    r.size(),
-                );
+                let (a, size) = (self.handle(id), self.records[id].size());
                 let st = &mut self.stats;
                 st.allocs += 1;
                 st.requested.add(bytes);

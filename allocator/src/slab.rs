@@ -106,10 +106,8 @@ impl SizeClasses {
     /// lookup.
     #[inline]
     pub fn class_of(&self, bytes: u64) -> (usize, u64) {
-        match self.lut.get((bytes.max(1) - 1) as usize >> self.min_order) {
-            Some(&c) => (c as usize, self.sizes[c as usize]),
-            None => self.compute_class(bytes),
-        }
+        let c = self.class_index(bytes);
+        (c, self.sizes[c])
     }
 
     /// `class_of` by arithmetic (what the table holds).
