@@ -2,36 +2,48 @@
 //! inside the allocator process.
 //!
 //! The allocator [`submit`](ForecastService::submit)s its events in fixed-size chunks
-//! ([`EventChunk`], no heap) through a bounded queue (`try_send`: never blocks; a full
-//! queue drops the chunk and counts it) and reads the latest [`Forecast`] with
-//! [`latest`](ForecastService::latest), a seqlock read over atomics: it never takes a
-//! lock and never waits for the service thread. A dropped chunk means the featurizer
-//! misses those events: its live bytes and steps drift until the next iteration
-//! boundary re-aligns the phases, forecasts degrade, the allocator never stalls.
+//! ([`EventChunk`], no heap) through a bounded lock-free queue (a push never blocks and
+//! never makes a system call: the service thread polls, sleeping while the queue is
+//! empty; a full queue drops the chunk and counts it) and reads the latest
+//! [`Forecast`] with [`latest`](ForecastService::latest), a seqlock read over atomics:
+//! it never takes a lock and never waits for the service thread. A dropped chunk means
+//! the featurizer misses those events: its live bytes and steps drift until the next
+//! iteration boundary re-aligns the phases, forecasts degrade, the allocator never
+//! stalls.
+//!
+//! Costs on the allocating thread, measured in docs/predictive.md: a push (a copy of
+//! 1 KiB and a compare-and-swap) per 256 events, attempted only while the queue
+//! has room (a full queue drops the chunk before any byte is copied), and a version
+//! load that stays in its cache while nothing new is published. The service publishes a forecast only
+//! when its forecast peak of live bytes moved by at least `quantum` bytes since the
+//! last publication (or its basis changed): a forecast that would lead to the same
+//! decision is not worth a cache miss on the allocating thread.
 
-use std::sync::atomic::{fence, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_queue::ArrayQueue;
 
 use memcast_trace::features::CHANNELS;
 
 use crate::config::MAX_HORIZON;
 use crate::error::{PredictorError, Result};
-use crate::forecaster::Engine;
+use crate::forecaster::{peak_rise, Code, Engine};
 use crate::infer::Forecast;
 
 const SLOTS: usize = MAX_HORIZON * CHANNELS;
 
-/// Events per chunk: the allocator buffers this many event codes and hands them over
-/// at once (one queue operation per 32 events, ~1 ns an event).
-pub const CHUNK: usize = 32;
+/// Events per chunk: the allocator buffers this many 32-bit event codes (1 KiB) and
+/// hands them over at once, one queue operation per 256 events.
+pub const CHUNK: usize = 256;
 
 /// A chunk of encoded events (see `forecaster`'s codes). `Copy`, fixed size.
 #[derive(Debug, Clone, Copy)]
 pub struct EventChunk {
     pub len: usize,
-    pub events: [i64; CHUNK],
+    pub events: [Code; CHUNK],
 }
 
 impl Default for EventChunk {
@@ -44,7 +56,7 @@ impl Default for EventChunk {
 }
 
 impl EventChunk {
-    pub fn as_slice(&self) -> &[i64] {
+    pub fn as_slice(&self) -> &[Code] {
         &self.events[..self.len.min(CHUNK)]
     }
 }
@@ -146,25 +158,30 @@ pub struct ServiceStats {
     /// Dropped because the queue was full (or the service had stopped).
     pub dropped: u64,
     pub processed: u64,
-    /// Forecasts published.
+    /// Forecasts made, and those published (see the module docs).
     pub forecasts: u64,
+    pub published: u64,
 }
 
-#[derive(Default)]
+/// What the service thread shares. The allocating thread writes nothing here but the
+/// queue (its own counters live in [`ForecastService`]), so its hot lines are not
+/// pulled back and forth.
 struct Shared {
+    queue: ArrayQueue<EventChunk>,
     published: Published,
-    submitted: AtomicU64,
-    dropped: AtomicU64,
+    stop: AtomicBool,
     processed: AtomicU64,
     forecasts: AtomicU64,
+    publications: AtomicU64,
 }
 
 /// See the module docs.
 pub struct ForecastService {
-    tx: Option<SyncSender<EventChunk>>,
     shared: Arc<Shared>,
     handle: Option<JoinHandle<()>>,
     forecaster: &'static str,
+    submitted: u64,
+    dropped: u64,
 }
 
 impl std::fmt::Debug for ForecastService {
@@ -176,27 +193,40 @@ impl std::fmt::Debug for ForecastService {
     }
 }
 
+/// The service thread's sleep while its queue is empty: doubling from 50 us to 1 ms
+/// (a forecast is then at most ~1 ms late; a training step takes tens of ms).
+const IDLE_MIN: Duration = Duration::from_micros(50);
+const IDLE_MAX: Duration = Duration::from_millis(1);
+
 impl ForecastService {
-    /// Starts the service thread over `engine` with a queue of `capacity` chunks (>= 1).
-    pub fn start(engine: Engine, capacity: usize) -> Result<Self> {
+    /// Starts the service thread over `engine` with a queue of `capacity` chunks (>= 1),
+    /// publishing forecasts whose peak moved by `quantum` bytes or more (0: every one).
+    pub fn start(engine: Engine, capacity: usize, quantum: u64) -> Result<Self> {
         if capacity == 0 {
             return Err(PredictorError::Config("queue capacity must be >= 1".into()));
         }
-        let shared = Arc::new(Shared::default());
-        let (tx, rx) = sync_channel(capacity);
+        let shared = Arc::new(Shared {
+            queue: ArrayQueue::new(capacity),
+            published: Published::default(),
+            stop: AtomicBool::new(false),
+            processed: AtomicU64::new(0),
+            forecasts: AtomicU64::new(0),
+            publications: AtomicU64::new(0),
+        });
         let s = shared.clone();
         let forecaster = engine.forecaster_name();
         let handle = std::thread::Builder::new()
             .name("memcast-forecast".into())
-            .spawn(move || serve(engine, rx, s))
+            .spawn(move || serve(engine, s, quantum))
             .map_err(|e| {
                 PredictorError::Config(format!("cannot start the forecast thread: {e}"))
             })?;
         Ok(Self {
-            tx: Some(tx),
             shared,
             handle: Some(handle),
             forecaster,
+            submitted: 0,
+            dropped: 0,
         })
     }
 
@@ -205,17 +235,13 @@ impl ForecastService {
     }
 
     /// Queues a chunk without blocking. Returns false if it was dropped.
-    pub fn submit(&self, chunk: EventChunk) -> bool {
-        self.shared.submitted.fetch_add(1, Ordering::Relaxed);
-        let ok = match &self.tx {
-            Some(tx) => match tx.try_send(chunk) {
-                Ok(()) => true,
-                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
-            },
-            None => false,
-        };
+    #[inline]
+    pub fn submit(&mut self, chunk: &EventChunk) -> bool {
+        self.submitted += 1;
+        let q = &self.shared.queue;
+        let ok = self.handle.is_some() && !q.is_full() && q.push(*chunk).is_ok();
         if !ok {
-            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+            self.dropped += 1;
         }
         ok
     }
@@ -235,10 +261,11 @@ impl ForecastService {
     pub fn stats(&self) -> ServiceStats {
         let s = &self.shared;
         ServiceStats {
-            submitted: s.submitted.load(Ordering::Relaxed),
-            dropped: s.dropped.load(Ordering::Relaxed),
+            submitted: self.submitted,
+            dropped: self.dropped,
             processed: s.processed.load(Ordering::Relaxed),
             forecasts: s.forecasts.load(Ordering::Relaxed),
+            published: s.publications.load(Ordering::Relaxed),
         }
     }
 
@@ -249,8 +276,9 @@ impl ForecastService {
     }
 
     fn stop_and_join(&mut self) {
-        self.tx = None; // disconnects: the thread's recv() ends after the queue drains
+        self.shared.stop.store(true, Ordering::Release);
         if let Some(h) = self.handle.take() {
+            h.thread().unpark();
             let _ = h.join();
         }
     }
@@ -262,11 +290,37 @@ impl Drop for ForecastService {
     }
 }
 
-fn serve(mut engine: Engine, rx: Receiver<EventChunk>, shared: Arc<Shared>) {
-    while let Ok(chunk) = rx.recv() {
+fn serve(mut engine: Engine, shared: Arc<Shared>, quantum: u64) {
+    let mut idle = IDLE_MIN;
+    // The last published forecast's peak of live bytes and basis.
+    let mut last: Option<(f64, bool)> = None;
+    loop {
+        let Some(chunk) = shared.queue.pop() else {
+            if shared.stop.load(Ordering::Acquire) {
+                // Drain what came in before the stop was seen.
+                if shared.queue.is_empty() {
+                    return;
+                }
+                continue;
+            }
+            std::thread::park_timeout(idle);
+            idle = (idle * 2).min(IDLE_MAX);
+            continue;
+        };
+        idle = IDLE_MIN;
         engine.feed(chunk.as_slice(), |f| {
-            shared.published.write(f);
             shared.forecasts.fetch_add(1, Ordering::Relaxed);
+            let n = f.horizon.min(f.bytes.len());
+            let peak = f.live_bytes as f64 + peak_rise(&f.bytes[..n], f64::MAX).unwrap_or(0.0);
+            let moved = match last {
+                None => true,
+                Some((p, r)) => r != f.reference || (peak - p).abs() >= quantum as f64,
+            };
+            if moved {
+                last = Some((peak, f.reference));
+                shared.published.write(f);
+                shared.publications.fetch_add(1, Ordering::Relaxed);
+            }
         });
         shared.processed.fetch_add(1, Ordering::Relaxed);
     }

@@ -148,7 +148,7 @@ fn service_publishes_and_never_blocks() {
     };
     let t = common::trace(3, 80, common::dyn_scale(9));
     let mut sizes = std::collections::HashMap::new();
-    let codes: Vec<i64> = t
+    let codes: Vec<memcast_predictor::forecaster::Code> = t
         .events
         .iter()
         .filter_map(|e| match e.kind {
@@ -172,11 +172,11 @@ fn service_publishes_and_never_blocks() {
             ch
         })
         .collect();
-    let svc = ForecastService::start(engine(&w), 1).unwrap();
+    let mut svc = ForecastService::start(engine(&w), 1, 0).unwrap();
     assert!(svc.latest().is_none());
     // Submit a burst far larger than the queue: some are dropped, none blocks.
     for c in &chunks {
-        svc.submit(*c);
+        svc.submit(c);
     }
     let stats = svc.shutdown();
     assert_eq!(stats.submitted, chunks.len() as u64);
@@ -188,13 +188,13 @@ fn service_publishes_and_never_blocks() {
 
     // One at a time, waiting for each: every chunk is processed, and the published
     // forecasts equal the same engine run directly on the same events.
-    let svc = ForecastService::start(engine(&w), 2).unwrap();
+    let mut svc = ForecastService::start(engine(&w), 2, 0).unwrap();
     let mut direct = engine(&w);
     for c in &chunks {
         let mut want = None;
         direct.feed(c.as_slice(), |f| want = Some(*f));
         let before = svc.stats().processed;
-        assert!(svc.submit(*c));
+        assert!(svc.submit(c));
         while svc.stats().processed == before {
             std::thread::yield_now();
         }
@@ -205,7 +205,19 @@ fn service_publishes_and_never_blocks() {
     let stats = svc.shutdown();
     assert_eq!(stats.dropped, 0);
     assert_eq!(stats.forecasts, direct.forecasts());
+    assert_eq!(stats.published, stats.forecasts);
     assert!(stats.forecasts > 0);
+    // With a quantum, only forecasts whose peak moved by that much are published.
+    let mut svc = ForecastService::start(engine(&w), chunks.len(), 64 << 20).unwrap();
+    for c in &chunks {
+        assert!(svc.submit(c));
+    }
+    let stats = svc.shutdown();
+    assert_eq!(stats.processed, chunks.len() as u64);
+    assert!(
+        stats.published >= 1 && stats.published < stats.forecasts,
+        "{stats:?}"
+    );
 }
 
 #[test]

@@ -1,16 +1,23 @@
 //! `memcast demo`: the main job on the bundled real traces (recorded with PyTorch on an
 //! NVIDIA H200). For each trace it shows what is in it, replays it through memcast's
 //! allocator and an emulation of PyTorch's on a simulated H200 next to what PyTorch
-//! itself reported, forecasts its demand with the shipped default model against the
-//! baselines, and replays it under a device budget of 60% of its peak with spill and
-//! prefetch.
+//! itself reported, forecasts its demand with the built-in default model against the
+//! baselines, replays it in predictive mode (the default model driving the allocator)
+//! next to reactive, and replays it under a device budget (60% of its peak by
+//! default) with reactive and with predictive spill and prefetch. Plots go to `--out`.
+
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use memcast_alloc::replay::{replay, Policy, ReplayOptions};
-use memcast_alloc::tier::{replay_budgeted, Budget, TierReplayOptions};
+use memcast_alloc::replay::{replay, Policy, ReplayForecaster, ReplayOptions, ReplayReport};
+use memcast_alloc::tier::{replay_budgeted, Budget, TierReplayOptions, TierReport};
 use memcast_trace::bundled::{self, pytorch_figures};
+use memcast_trace::features::CH_TOTAL;
 use memcast_trace::stats::{human_bytes, TraceStats};
+use plotters::style::{BLACK, BLUE, RED};
 use serde_json::json;
+
+use super::chart::{line_chart, Line};
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
@@ -20,24 +27,38 @@ pub struct DemoArgs {
     /// Only the traces whose name contains this.
     #[arg(long)]
     pub only: Option<String>,
-    /// Device budget of the tiered replay, as a fraction of each trace's peak.
-    #[arg(long, default_value_t = 0.6)]
-    pub budget: f64,
+    /// Device budget of the tiered replay: a share of each trace's peak requested
+    /// bytes (`60%` or `0.6`).
+    #[arg(long, default_value = "60%")]
+    pub budget: String,
+    /// Folder for the plots (created): per trace, reserved bytes over time reactive
+    /// vs predictive, forecast vs actual, stall per iteration under the budget.
+    #[arg(long, default_value = "memcast-demo")]
+    pub out: PathBuf,
+    /// Draw no plots.
+    #[arg(long)]
+    pub no_plots: bool,
 }
 
 pub fn run(args: DemoArgs) -> Result<()> {
-    anyhow::ensure!(
-        args.budget > 0.0 && args.budget <= 1.0,
-        "--budget must be a fraction in (0, 1]"
-    );
+    let budget = match args.budget.parse::<Budget>() {
+        Ok(Budget::Fraction(f)) if f <= 1.0 => f,
+        Ok(_) => anyhow::bail!(
+            "--budget {}: the demo takes a share of each trace's peak in (0, 100%]",
+            args.budget
+        ),
+        Err(e) => anyhow::bail!("--budget: {e}"),
+    };
+    if !args.no_plots {
+        std::fs::create_dir_all(&args.out)
+            .with_context(|| format!("cannot create {}", args.out.display()))?;
+    }
     let traces: Vec<_> = bundled::ALL
         .iter()
         .filter(|b| args.only.as_deref().is_none_or(|o| b.name.contains(o)))
         .collect();
     anyhow::ensure!(!traces.is_empty(), "no bundled trace matches --only");
-    let model_dir = memcast_predictor::artifact::default_model_dir();
-    let mut model = memcast_predictor::artifact::load_model(&model_dir)
-        .with_context(|| format!("loading the default model from {}", model_dir.display()))?;
+    let mut model = super::load_model(&None)?;
     let cfg = model.weights().config.clone();
 
     let mut rows = Vec::new();
@@ -46,18 +67,22 @@ pub fn run(args: DemoArgs) -> Result<()> {
             .load()
             .with_context(|| format!("bundled trace {}", b.name))?;
         let s = TraceStats::compute(&t)?;
-        let run = |policy| {
+        let run = |policy, forecaster, timeline| {
             replay(
                 &t,
                 &ReplayOptions {
                     policy,
+                    forecaster,
+                    timeline,
                     ..Default::default()
                 },
             )
             .with_context(|| format!("replaying {} ({policy:?})", b.name))
         };
-        let ours = run(Policy::Memcast)?;
-        let emu = run(Policy::Pytorch)?;
+        let plots = !args.no_plots;
+        let ours = run(Policy::Memcast, ReplayForecaster::None, plots)?;
+        let pred = run(Policy::Predictive, ReplayForecaster::Lstm, plots)?;
+        let emu = run(Policy::Pytorch, ReplayForecaster::None, false)?;
         let native = pytorch_figures(b.name, "pytorch-native");
         let expandable = pytorch_figures(b.name, "pytorch-expandable-segments");
         let series =
@@ -65,14 +90,37 @@ pub fn run(args: DemoArgs) -> Result<()> {
         let eval = memcast_predictor::eval::evaluate(&series, Some(&mut model))?;
         let (best, best_wape) = eval.best_baseline();
         let lstm_wape = eval.models.get("lstm").map_or(f64::NAN, |m| m.wape);
-        let tier = replay_budgeted(
-            &t,
-            &TierReplayOptions {
-                budget: Budget::Fraction(args.budget),
-                ..Default::default()
-            },
-        )
-        .with_context(|| format!("tiered replay of {}", b.name))?;
+        let tiered = |predictive| {
+            replay_budgeted(
+                &t,
+                &TierReplayOptions {
+                    budget: Budget::Fraction(budget),
+                    predictive,
+                    ..Default::default()
+                },
+            )
+            .with_context(|| format!("tiered replay of {}", b.name))
+        };
+        let tier = tiered(None)?;
+        let actions = memcast_alloc::config::Actions::default();
+        let tier_pred = tiered(Some((ReplayForecaster::Lstm, actions)))?;
+        if plots {
+            let fc = memcast_predictor::eval::run_model(&series, &mut model)?;
+            draw(
+                &args.out, b.name, &ours, &pred, &series, &fc, &tier, &tier_pred,
+            )?;
+        }
+        let no_budget = |r: &ReplayReport| {
+            json!({"reserved_overhead": r.reserved_overhead, "mean_reserved_bytes": r.mean_reserved_bytes,
+                   "critical_path_device_calls": r.critical_path_device_calls,
+                   "critical_path_device_calls_after_first_iteration": r.critical_path_device_calls_after_first_iteration,
+                   "ahead_device_calls": r.ahead_device_calls, "mean_fragmentation": r.mean_fragmentation})
+        };
+        let budgeted = |r: &TierReport| {
+            json!({"completed": r.completed, "ooms": r.ooms, "stall_overhead": r.stall_overhead,
+                   "link_floor_overhead": r.link_floor_overhead, "spilled_bytes": r.spilled_bytes,
+                   "prefetch_hit_rate": r.prefetch_hit_rate})
+        };
         rows.push(json!({
             "trace": b.name,
             "dynamic": b.dynamic,
@@ -87,9 +135,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
             },
             "forecast": {"steps": eval.steps, "horizon": eval.horizon, "lstm_wape": lstm_wape,
                          "best_baseline": best, "best_baseline_wape": best_wape},
-            "tiered": {"budget_fraction": args.budget, "completed": tier.completed, "ooms": tier.ooms,
-                       "stall_overhead": tier.stall_overhead, "spilled_bytes": tier.spilled_bytes,
-                       "prefetch_hit_rate": tier.prefetch_hit_rate},
+            "predictive": {"reactive": no_budget(&ours), "predictive": no_budget(&pred)},
+            "tiered": {"budget_fraction": budget, "reactive": budgeted(&tier), "predictive": budgeted(&tier_pred)},
         }));
     }
     if args.json {
@@ -97,9 +144,113 @@ pub fn run(args: DemoArgs) -> Result<()> {
             println!("{r}");
         }
     } else {
-        print_tables(&rows, args.budget);
+        print_tables(&rows, budget);
+        if !args.no_plots {
+            println!(
+                "\nPlots (reserved over time, forecast vs actual, stall per iteration): {}",
+                args.out.display()
+            );
+        }
     }
     Ok(())
+}
+
+/// The demo's three plots of one trace.
+#[allow(clippy::too_many_arguments)]
+fn draw(
+    out: &std::path::Path,
+    name: &str,
+    ours: &ReplayReport,
+    pred: &ReplayReport,
+    series: &memcast_predictor::data::Series,
+    fc: &[memcast_predictor::Forecast],
+    tier: &TierReport,
+    tier_pred: &TierReport,
+) -> Result<()> {
+    const GIB: f64 = (1u64 << 30) as f64;
+    let t0 = ours.timeline.first().map_or(0.0, |p| p[0]);
+    let over_time = |r: &ReplayReport, i: usize| -> Vec<(f64, f64)> {
+        r.timeline
+            .iter()
+            .map(|p| ((p[0] - t0) / 1e3, p[i] / GIB))
+            .collect()
+    };
+    line_chart(
+        &out.join(format!("{name}_reserved.svg")),
+        &format!("{name}: reserved bytes, reactive vs predictive (default model)"),
+        "ms",
+        "GiB",
+        &[
+            Line {
+                name: "requested",
+                color: BLACK,
+                points: over_time(ours, 1),
+            },
+            Line {
+                name: "reserved, reactive",
+                color: BLUE,
+                points: over_time(ours, 2),
+            },
+            Line {
+                name: "reserved, predictive",
+                color: RED,
+                points: over_time(pred, 2),
+            },
+        ],
+    )?;
+    const MIB: f64 = (1u64 << 20) as f64;
+    let actual: Vec<(f64, f64)> = (1..series.len())
+        .map(|t| (t as f64, series.actual(t)[CH_TOTAL] as f64 / MIB))
+        .collect();
+    let forecast: Vec<(f64, f64)> = (1..series.len())
+        .map(|t| (t as f64, fc[t - 1].bytes[0][CH_TOTAL] / MIB))
+        .collect();
+    line_chart(
+        &out.join(format!("{name}_forecast.svg")),
+        &format!("{name}: requested bytes per step, actual vs the default model one step ahead"),
+        "step",
+        "MiB",
+        &[
+            Line {
+                name: "actual",
+                color: BLACK,
+                points: actual,
+            },
+            Line {
+                name: "forecast",
+                color: RED,
+                points: forecast,
+            },
+        ],
+    )?;
+    let per_iter = |r: &TierReport| -> Vec<(f64, f64)> {
+        r.stall_per_iteration_us
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| ((i + 1) as f64, s / 1e3))
+            .collect()
+    };
+    line_chart(
+        &out.join(format!("{name}_stall.svg")),
+        &format!(
+            "{name}: stall per iteration under a budget of {:.0}% of peak",
+            100.0 * tier.budget_fraction
+        ),
+        "iteration",
+        "ms",
+        &[
+            Line {
+                name: "reactive",
+                color: BLUE,
+                points: per_iter(tier),
+            },
+            Line {
+                name: "predictive",
+                color: RED,
+                points: per_iter(tier_pred),
+            },
+        ],
+    )
 }
 
 fn pct(v: &serde_json::Value) -> String {
@@ -173,23 +324,60 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
             f["best_baseline_wape"].as_f64().unwrap_or(f64::NAN),
         );
     }
+    println!("\n4. Predictive mode without a budget: the default model drives growth (reactive vs predictive)");
+    println!("   overhead = peak reserved / peak requested - 1; waits = device calls inside requests (all / after the");
+    println!("   first iteration); mean = time-weighted reserved bytes; frag. = mean of 1 - largest free block / free bytes");
     println!(
-        "\n4. Tiered replay with a device budget of {:.0}% of each trace's peak (reactive spill + prefetch)",
-        budget * 100.0
-    );
-    println!(
-        "{:<30} {:>9} {:>10} {:>11} {:>9}",
-        "trace", "completed", "stall/comp", "spilled", "pf. hits"
+        "{:<30} {:>9} {:>9} {:>11} {:>11} {:>10} {:>10} {:>6} {:>6}",
+        "trace", "overhead", "pred.", "waits", "pred.", "mean", "pred.", "frag.", "pred."
     );
     for r in rows {
-        let t = &r["tiered"];
+        let (a, p) = (&r["predictive"]["reactive"], &r["predictive"]["predictive"]);
+        let waits = |v: &serde_json::Value| {
+            format!(
+                "{}/{}",
+                v["critical_path_device_calls"],
+                v["critical_path_device_calls_after_first_iteration"]
+            )
+        };
+        let gib = |v: &serde_json::Value| {
+            human_bytes(v["mean_reserved_bytes"].as_f64().unwrap_or(0.0) as u64)
+        };
         println!(
-            "{:<30} {:>9} {:>10} {:>11} {:>9}",
+            "{:<30} {:>9} {:>9} {:>11} {:>11} {:>10} {:>10} {:>6.3} {:>6.3}",
             r["trace"].as_str().unwrap_or(""),
-            t["completed"].to_string(),
-            pct(&t["stall_overhead"]),
-            human_bytes(t["spilled_bytes"].as_u64().unwrap_or(0)),
-            pct(&t["prefetch_hit_rate"]),
+            pct(&a["reserved_overhead"]),
+            pct(&p["reserved_overhead"]),
+            waits(a),
+            waits(p),
+            gib(a),
+            gib(p),
+            a["mean_fragmentation"].as_f64().unwrap_or(0.0),
+            p["mean_fragmentation"].as_f64().unwrap_or(0.0),
+        );
+    }
+    println!(
+        "\n5. Tiered replay with a device budget of {:.0}% of each trace's peak: spill and prefetch, reactive vs predictive",
+        budget * 100.0
+    );
+    println!("   stall/comp = time waiting for memory / compute time; floor = the link-bound floor (the bytes above the");
+    println!("   budget out and back once per iteration at the pinned duplex bandwidth); pf. hits = prefetch hit rate");
+    println!(
+        "{:<30} {:>9} {:>10} {:>10} {:>8} {:>11} {:>9} {:>9}",
+        "trace", "completed", "stall/comp", "pred.", "floor", "spilled", "pf. hits", "pred."
+    );
+    for r in rows {
+        let (a, p) = (&r["tiered"]["reactive"], &r["tiered"]["predictive"]);
+        println!(
+            "{:<30} {:>9} {:>10} {:>10} {:>8} {:>11} {:>9} {:>9}",
+            r["trace"].as_str().unwrap_or(""),
+            format!("{}/{}", a["completed"], p["completed"]),
+            pct(&a["stall_overhead"]),
+            pct(&p["stall_overhead"]),
+            pct(&a["link_floor_overhead"]),
+            human_bytes(a["spilled_bytes"].as_u64().unwrap_or(0)),
+            pct(&a["prefetch_hit_rate"]),
+            pct(&p["prefetch_hit_rate"]),
         );
     }
 }

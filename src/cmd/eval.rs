@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use memcast_predictor::artifact;
 use memcast_predictor::data::load_series;
 use memcast_predictor::eval::{evaluate, EvalReport};
 
@@ -23,9 +22,7 @@ pub struct EvalArgs {
 
 /// Evaluates the model at `model` (default model if `None`) on one trace.
 pub fn eval_one(model: &Option<PathBuf>, trace: &Path) -> Result<EvalReport> {
-    let dir = model.clone().unwrap_or_else(artifact::default_model_dir);
-    let mut m =
-        artifact::load_model(&dir).with_context(|| format!("loading model {}", dir.display()))?;
+    let mut m = super::load_model(model)?;
     let cfg = m.weights().config.clone();
     let series = load_series(trace, cfg.step, cfg.model.horizon)
         .with_context(|| format!("loading {}", trace.display()))?;

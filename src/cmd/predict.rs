@@ -3,11 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use memcast_predictor::artifact;
 use memcast_predictor::data::load_series;
 use memcast_predictor::eval::run_model;
 use memcast_trace::features::CH_TOTAL;
-use plotters::prelude::*;
 
 #[derive(clap::Args, Debug)]
 pub struct PredictArgs {
@@ -28,9 +26,17 @@ pub struct PredictArgs {
 }
 
 pub fn run(a: PredictArgs) -> Result<()> {
-    let dir = a.model.clone().unwrap_or_else(artifact::default_model_dir);
-    let mut m =
-        artifact::load_model(&dir).with_context(|| format!("loading model {}", dir.display()))?;
+    if let Some(p) = &a.plot {
+        // Checked before the work: a plot it cannot write fails now, not after.
+        let ext = p
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        if !matches!(ext.as_deref(), Some("svg" | "png")) {
+            bail!("{}: the plot must end in .svg or .png", p.display());
+        }
+    }
+    let mut m = super::load_model(&a.model)?;
     let cfg = m.weights().config.clone();
     anyhow::ensure!(
         (1..=cfg.model.horizon).contains(&a.h),
@@ -78,66 +84,20 @@ pub fn run(a: PredictArgs) -> Result<()> {
 }
 
 fn plot(rows: &[(usize, f64, f64)], name: &str, h: usize, out: &Path) -> Result<()> {
-    let ext = out
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    match ext.as_deref() {
-        Some("svg") => draw(
-            rows,
-            name,
-            h,
-            SVGBackend::new(out, (1200, 450)).into_drawing_area(),
-        ),
-        Some("png") => draw(
-            rows,
-            name,
-            h,
-            BitMapBackend::new(out, (1200, 450)).into_drawing_area(),
-        ),
-        _ => bail!("{}: the plot must end in .svg or .png", out.display()),
-    }
-    .with_context(|| format!("cannot draw {}", out.display()))
-}
-
-fn draw<DB: DrawingBackend>(
-    rows: &[(usize, f64, f64)],
-    name: &str,
-    h: usize,
-    root: DrawingArea<DB, plotters::coord::Shift>,
-) -> Result<()>
-where
-    DB::ErrorType: 'static,
-{
     const MIB: f64 = (1u64 << 20) as f64;
-    root.fill(&WHITE)?;
-    let x_max = rows.last().map_or(1, |r| r.0 + 1) as f64;
-    let y_max = rows.iter().map(|r| r.1.max(r.2)).fold(1.0, f64::max) / MIB * 1.05;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{name}: requested bytes per step, actual vs forecast (h = {h})"),
-            ("sans-serif", 18),
-        )
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
-    chart.configure_mesh().x_desc("step").y_desc("MiB").draw()?;
-    chart
-        .draw_series(LineSeries::new(
-            rows.iter().map(|r| (r.0 as f64, r.1 / MIB)),
-            &BLACK,
-        ))?
-        .label("actual")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], BLACK));
-    chart
-        .draw_series(LineSeries::new(
-            rows.iter().map(|r| (r.0 as f64, r.2 / MIB)),
-            &RED,
-        ))?
-        .label("forecast")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], RED));
-    chart.configure_series_labels().border_style(BLACK).draw()?;
-    root.present()?;
-    Ok(())
+    let line = |name, color, f: fn(&(usize, f64, f64)) -> f64| super::chart::Line {
+        name,
+        color,
+        points: rows.iter().map(|r| (r.0 as f64, f(r) / MIB)).collect(),
+    };
+    super::chart::line_chart(
+        out,
+        &format!("{name}: requested bytes per step, actual vs forecast (h = {h})"),
+        "step",
+        "MiB",
+        &[
+            line("actual", plotters::style::BLACK, |r| r.1),
+            line("forecast", plotters::style::RED, |r| r.2),
+        ],
+    )
 }

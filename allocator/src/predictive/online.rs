@@ -4,15 +4,15 @@
 //! Costs (measured in docs/predictive.md with `cargo bench --bench alloc_free`):
 //! - per `allocate` / `deallocate`: one branch on `Allocator::online`, one store into
 //!   the chunk, one add and one compare;
-//! - per 32 events (out of line): the chunk is copied into the forecast service's
-//!   queue (`try_send`, never blocks) and one atomic load says whether a new forecast
-//!   was published; only then is it read (a seqlock copy of ~45 values) and planned.
-//!   Inline (`forecast_thread:false`) the featurizer and the forecaster run here
-//!   instead (~2 us per closed step with the LSTM).
+//! - per 256 events (out of line): the chunk goes to the forecast service's queue
+//!   (copied only if the queue has room; never blocks) and one atomic load says
+//!   whether a new forecast was published; only then is it read (a seqlock copy of ~60
+//!   values) and planned. Inline (`forecast_thread:false`) the featurizer and the
+//!   forecaster run here instead (~2 us per closed step with the LSTM).
 
 use std::sync::Arc;
 
-use memcast_predictor::forecaster::{encode_alloc, encode_free, Forecaster, BOUNDARY};
+use memcast_predictor::forecaster::{encode_alloc, encode_free, Code, Forecaster, BOUNDARY};
 use memcast_predictor::service::CHUNK;
 use memcast_predictor::{Engine, EventChunk, Forecast, ForecastService};
 use memcast_trace::features::StepConfig;
@@ -24,6 +24,9 @@ use crate::policy::{GrowthPolicy, ReactiveGrowth};
 use crate::pool::Allocator;
 
 use super::plan::{ForecastGrowth, ForecastPolicy, State, Target};
+
+/// Events per hand-over inline (see `OnlinePath::limit`).
+const INLINE_CHUNK: usize = 16;
 
 /// Where the engine runs.
 enum Mode {
@@ -39,8 +42,14 @@ enum Mode {
 
 /// The online path of one allocator (boxed in `Allocator::online`).
 pub struct OnlinePath {
-    // Invariant: chunk.len < CHUNK between calls (a full chunk is handed over at once).
+    // Invariant: chunk.len < limit <= CHUNK between calls (a full chunk is handed over
+    // at once).
     chunk: EventChunk,
+    /// Events per hand-over: `CHUNK` to the service thread (the fewer hand-overs, the
+    /// less the allocating thread pays); `INLINE_CHUNK` inline (the engine then runs
+    /// at least every step or two, so that forecasts are as fresh as a service thread
+    /// keeping up with a real job would make them).
+    limit: usize,
     mode: Mode,
     /// The publication version last read.
     seen: u64,
@@ -75,9 +84,11 @@ impl OnlinePath {
         let horizon = forecaster.horizon();
         let engine = Engine::new(StepConfig::default(), forecaster);
         let mode = if cfg.forecast_thread {
-            // 64 chunks (2,048 events) of slack before the service drops any.
+            // 64 chunks (2,048 events) of slack before the service drops any; a new
+            // forecast is published when its peak moved by a growth chunk (the
+            // quantum of what the plan does with it).
             Mode::Thread(
-                ForecastService::start(engine, 64)
+                ForecastService::start(engine, 64, cfg.growth_initial)
                     .map_err(|e| AllocError::Config(format!("predictive mode: {e}")))?,
             )
         } else {
@@ -102,9 +113,14 @@ impl OnlinePath {
             span_allocs: (horizon as u64) * u64::from(StepConfig::default().allocs_per_step),
             target,
         };
+        let limit = match mode {
+            Mode::Thread(_) => CHUNK,
+            Mode::Inline { .. } => INLINE_CHUNK,
+        };
         Ok((
             OnlinePath {
                 chunk: EventChunk::default(),
+                limit,
                 mode,
                 seen: 0,
                 forecaster: name,
@@ -126,12 +142,12 @@ impl OnlinePath {
 
     /// Appends one event code; true when the chunk is full (the caller flushes).
     #[inline(always)]
-    fn record(&mut self, code: i64) -> bool {
+    fn record(&mut self, code: Code) -> bool {
         let n = self.chunk.len;
         // The mask keeps the index in bounds without a check (n < CHUNK holds anyway).
         self.chunk.events[n & (CHUNK - 1)] = code;
         self.chunk.len = n + 1;
-        n + 1 == CHUNK
+        n + 1 == self.limit
     }
 
     /// Hands the chunk to the engine (inline: runs it now) and empties it.
@@ -150,7 +166,7 @@ impl OnlinePath {
                 *version += 1;
             }),
             Mode::Thread(svc) => {
-                svc.submit(self.chunk);
+                svc.submit(&self.chunk);
             }
         }
         self.chunk.len = 0;

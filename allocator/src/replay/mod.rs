@@ -155,6 +155,8 @@ pub struct ReplayOptions {
     pub check_every: u64,
     /// The `predictive` policy's forecaster.
     pub forecaster: ReplayForecaster,
+    /// Record `ReplayReport::timeline` (reserved and requested bytes over time).
+    pub timeline: bool,
 }
 
 impl Default for ReplayOptions {
@@ -168,6 +170,7 @@ impl Default for ReplayOptions {
             host_capacity: 0,
             check_every: 0,
             forecaster: ReplayForecaster::Lstm,
+            timeline: false,
         }
     }
 }
@@ -212,6 +215,10 @@ pub struct ReplayReport {
     pub internal_waste_at_peak: u64,
     /// Policy-specific counters (cache hits, slab allocations, ...).
     pub extra: serde_json::Value,
+    /// With `ReplayOptions::timeline`: `[time us, requested bytes, reserved bytes]`
+    /// every 256 events and at iteration boundaries.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<[f64; 3]>,
 }
 
 /// Replay errors: the allocator failed (e.g. out of memory) at a given event.
@@ -419,7 +426,7 @@ pub fn predictive_allocator<B: DeviceBackend>(
 /// The event codes a replay's allocator records, in order: the static blocks'
 /// allocations, then the trace's allocations, frees and boundaries (what the oracle
 /// reads as the true future).
-pub fn allocator_events(trace: &Trace) -> Vec<i64> {
+pub fn allocator_events(trace: &Trace) -> Vec<memcast_predictor::forecaster::Code> {
     use memcast_predictor::forecaster::{encode_alloc, encode_free, BOUNDARY};
     let mut sizes: FxMap<u64, u64> = FxMap::default();
     let mut out = Vec::with_capacity(trace.static_blocks.len() + trace.events.len());
@@ -537,6 +544,7 @@ pub fn run_warm<T: ReplayTarget>(
     let (mut reserved_time, mut span) = (0.0f64, 0.0f64);
     let (mut frag_time, mut frag_span, mut frag_last) = (0.0f64, 0.0f64, None::<(u64, f64)>);
     let mut boundaries = 0u32;
+    let mut timeline = Vec::new();
     let mut critical_at_first: Option<u64> = None;
     let critical = |t: &T| t.device_allocs() + t.device_frees() - t.ahead().0;
     for (index, e) in trace.events.iter().enumerate() {
@@ -572,6 +580,9 @@ pub fn run_warm<T: ReplayTarget>(
                 frees += 1;
             }
             EventKind::IterationBoundary => {
+                if opts.timeline {
+                    timeline.push([e.time_us as f64, requested as f64, t.reserved() as f64]);
+                }
                 boundaries += 1;
                 if boundaries == 2 {
                     critical_at_first = Some(critical(&t));
@@ -594,6 +605,9 @@ pub fn run_warm<T: ReplayTarget>(
                 max_frag = max_frag.max(f);
             }
             sampled = Some(f);
+        }
+        if opts.timeline && index.is_multiple_of(256) {
+            timeline.push([e.time_us as f64, requested as f64, t.reserved() as f64]);
         }
         if let Some(f) = sampled {
             // The previous sample holds until this one (piecewise constant).
@@ -667,5 +681,6 @@ pub fn run_warm<T: ReplayTarget>(
         device_time_us: t.device_time_us(),
         internal_waste_at_peak,
         extra,
+        timeline,
     })
 }

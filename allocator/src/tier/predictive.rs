@@ -26,7 +26,7 @@
 //!
 //! [`Engine`]: memcast_predictor::Engine
 
-use memcast_predictor::forecaster::{encode_alloc, encode_free, Forecaster, BOUNDARY};
+use memcast_predictor::forecaster::{encode_alloc, encode_free, Code, Forecaster, BOUNDARY};
 use memcast_predictor::{Engine, Forecast};
 use memcast_trace::features::StepConfig;
 
@@ -72,7 +72,7 @@ impl Demand {
         self.engine.forecaster_name()
     }
 
-    fn feed(&mut self, code: i64) {
+    fn feed(&mut self, code: Code) {
         let (latest, fresh) = (&mut self.latest, &mut self.fresh);
         self.engine.feed(&[code], |f| {
             *latest = Some(*f);

@@ -206,6 +206,8 @@ pub struct TierReport {
     /// Setup time (pinned pool + static blocks), not in `stall_us`.
     pub setup_us: f64,
     pub operations: u64,
+    /// Stall of each iteration (between consecutive boundaries), us.
+    pub stall_per_iteration_us: Vec<f64>,
     /// Trace events and static blocks replayed, and their rate.
     pub events: u64,
     pub events_per_sec: f64,
@@ -312,6 +314,8 @@ fn run<B: DeviceBackend>(
     let mut n_ops = 0u64;
     let (mut reserved_time, mut frag_time, mut frag_span) = (0.0f64, 0.0f64, 0.0f64);
     let (mut last_frag, mut max_frag) = (None::<f64>, 0.0f64);
+    let mut stall_per_iteration = Vec::new();
+    let mut last_boundary_stall = None::<f64>;
     let step_cap = (opts.max_step_fraction * budget as f64) as u64;
     let mut step_bytes = 0u64;
     let bytes_of: HashMap<u64, u64> = trace
@@ -357,7 +361,14 @@ fn run<B: DeviceBackend>(
                 step_bytes = 0;
                 Ok(())
             }
-            OpKind::IterationBoundary => m.iteration_boundary(),
+            OpKind::IterationBoundary => {
+                let now = m.backend().stall_us();
+                if let Some(prev) = last_boundary_stall {
+                    stall_per_iteration.push(now - prev);
+                }
+                last_boundary_stall = Some(now);
+                m.iteration_boundary()
+            }
             OpKind::Alloc {
                 id,
                 bytes,
@@ -533,6 +544,7 @@ fn run<B: DeviceBackend>(
         staging_bytes,
         setup_us,
         operations: n_ops,
+        stall_per_iteration_us: stall_per_iteration,
         events,
         events_per_sec: if wall_secs > 0.0 {
             events as f64 / wall_secs
