@@ -1,0 +1,151 @@
+//! End-to-end tests of predictive mode through the CLI: `replay --policy predictive`
+//! with each forecaster, `--compare`, the JSON fields every policy reports, options
+//! that cannot apply, and a model file that is missing.
+
+mod common;
+
+use common::{bundled, fails, ok};
+
+fn json(args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&ok(args)).expect("one JSON object")
+}
+
+const COMMON: [&str; 14] = [
+    "policy",
+    "forecaster",
+    "peak_requested_bytes",
+    "peak_reserved_bytes",
+    "reserved_overhead",
+    "mean_reserved_bytes",
+    "device_allocs",
+    "device_frees",
+    "critical_path_device_calls",
+    "critical_path_device_us",
+    "mean_fragmentation",
+    "max_fragmentation",
+    "events",
+    "events_per_sec",
+];
+
+#[test]
+fn compare_prints_one_object_keyed_by_policy_with_every_metric() {
+    let t = bundled("bert_dynseq_b16_train");
+    let c = json(&[
+        "replay",
+        &t,
+        "--compare",
+        "memcast,predictive",
+        "--forecaster",
+        "oracle",
+        "--json",
+    ]);
+    for p in ["memcast", "predictive"] {
+        for k in COMMON {
+            assert!(c[p].get(k).is_some(), "{p}: missing {k}");
+        }
+    }
+    assert_eq!(c["predictive"]["forecaster"], "oracle");
+    assert_eq!(c["memcast"]["forecaster"], "none");
+    // The oracle's growth ahead of need takes requests off the device-call path, on a
+    // dynamic trace after the first iteration too, at no cost in peak reserved bytes.
+    let (m, p) = (&c["memcast"], &c["predictive"]);
+    let after = |v: &serde_json::Value| {
+        v["critical_path_device_calls_after_first_iteration"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(after(p) * 2 <= after(m), "{} vs {}", after(p), after(m));
+    assert!(p["ahead_device_calls"].as_u64().unwrap() > 0);
+    assert!(
+        p["reserved_overhead"].as_f64().unwrap() <= m["reserved_overhead"].as_f64().unwrap() + 1e-9
+    );
+}
+
+#[test]
+fn every_forecaster_replays_and_a_budget_reports_the_tier_metrics() {
+    let t = bundled("resnet50_multiscale_b32_train");
+    for f in ["lstm", "seasonal", "oracle", "none"] {
+        let r = json(&[
+            "replay",
+            &t,
+            "--policy",
+            "predictive",
+            "--forecaster",
+            f,
+            "--json",
+        ]);
+        assert_eq!(r["forecaster"], f);
+        assert_eq!(r["policy"], "predictive");
+    }
+    let c = json(&[
+        "replay",
+        &t,
+        "--compare",
+        "memcast,predictive",
+        "--budget",
+        "60%",
+        "--json",
+    ]);
+    for p in ["memcast", "predictive"] {
+        for k in COMMON.iter().chain(&[
+            "completed",
+            "ooms",
+            "compute_us",
+            "stall_us",
+            "stall_overhead",
+            "spilled_bytes",
+            "prefetched_bytes",
+            "recomputed_bytes",
+            "prefetch_hits",
+            "prefetch_misses",
+            "prefetch_hit_rate",
+            "link_floor_us",
+        ]) {
+            assert!(c[p].get(k).is_some(), "{p} under a budget: missing {k}");
+        }
+        assert_eq!(c[p]["completed"], true);
+    }
+    assert_eq!(c["predictive"]["policy"], "predictive");
+    assert_eq!(c["predictive"]["forecaster"], "lstm");
+    assert_eq!(c["memcast"]["policy"], "reactive");
+}
+
+#[test]
+fn options_that_cannot_apply_are_errors() {
+    let t = bundled("resnet50_b64_train");
+    for (args, says) in [
+        (vec!["replay", &t, "--forecaster", "oracle"], "--forecaster"),
+        (vec!["replay", &t, "--model", "m"], "--model"),
+        (
+            vec![
+                "replay", &t, "--policy", "predictive", "--forecaster", "seasonal", "--model", "m",
+            ],
+            "lstm",
+        ),
+        (vec!["replay", &t, "--no-prefetch"], "--no-prefetch"),
+        (vec!["replay", &t, "--policy", "reactive"], "--budget"),
+        (vec!["replay", &t, "--policy", "pytorch", "--conf", "run_scan:4"], "--conf"),
+        (vec!["replay", &t, "--policy", "naive", "--budget", "60%"], "--budget"),
+        (
+            vec!["replay", &t, "--policy", "predictive", "--conf", "predictive_actions:fly"],
+            "fly",
+        ),
+    ] {
+        let e = fails(&args);
+        assert!(e.contains(says), "{args:?}: {e}");
+    }
+}
+
+#[test]
+fn a_missing_model_is_an_error_naming_it() {
+    let t = bundled("resnet50_b64_train");
+    let e = fails(&[
+        "replay",
+        &t,
+        "--policy",
+        "predictive",
+        "--model",
+        "/nonexistent/model-dir",
+    ]);
+    assert!(e.contains("/nonexistent/model-dir"), "{e}");
+}
