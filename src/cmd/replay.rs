@@ -1,4 +1,4 @@
-//! `memcast replay <TRACE> --policy memcast|pytorch|naive [--device sim|host] [--json]`:
+//! `memcast replay <TRACE> --policy memcast|pytorch|naive [--device sim|host|cuda] [--json]`:
 //! replays a trace (PyTorch snapshot, native, synthetic) through an allocator policy and
 //! prints the metrics of DESIGN.md (`memcast_alloc::replay`).
 
@@ -13,6 +13,9 @@ use memcast_trace::stats::human_bytes;
 // `--policy reactive --budget B`: the tiered replay (issue 5), in its own file.
 #[path = "replay_tiered.rs"]
 mod tiered;
+// `--device cuda`: the measured device calls beside the sim's costs, in its own file.
+#[path = "replay_cuda.rs"]
+mod cuda;
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
 pub enum PolicyArg {
@@ -33,6 +36,9 @@ pub enum DeviceArg {
     Sim,
     /// Real host memory (pages are touched only when written).
     Host,
+    /// A real NVIDIA GPU (device 0) through the CUDA driver: real device calls,
+    /// measured latencies beside the sim's costs.
+    Cuda,
 }
 
 #[derive(clap::Args)]
@@ -110,6 +116,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         device: match args.device {
             DeviceArg::Sim => Device::Sim,
             DeviceArg::Host => Device::Host,
+            DeviceArg::Cuda => Device::Cuda,
         },
         config,
         check_every: args.check_every,
@@ -151,4 +158,5 @@ fn print_table(r: &ReplayReport) {
     );
     println!("device time       {:.1} ms", r.device_time_us / 1e3);
     println!("replay speed      {:.2} M events/s", r.events_per_sec / 1e6);
+    cuda::print_calls(r);
 }
