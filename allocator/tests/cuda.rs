@@ -84,14 +84,15 @@ fn pat(id: u64, i: usize) -> u8 {
     (id as usize * 131 + i * 7) as u8
 }
 
-/// Writes the first and last (up to) 4 KiB of an allocation.
+/// Writes the first and last (up to) 4 KiB of an allocation (the last only when it does
+/// not overlap the first).
 fn stamp<B: DeviceBackend>(a: &mut Allocator<B>, ptr: u64, size: u64, id: u64) {
     let n = size.min(4096) as usize;
     let head: Vec<u8> = (0..n).map(|i| pat(id, i)).collect();
     let b = a.backend_mut();
     b.write(MemRef::Device(memcast_alloc::DevicePtr(ptr)), &head)
         .unwrap();
-    if size > 4096 {
+    if size >= 2 * n as u64 {
         let tail: Vec<u8> = (0..n).map(|i| pat(id ^ 0xff, i)).collect();
         b.write(
             MemRef::Device(memcast_alloc::DevicePtr(ptr + size - n as u64)),
@@ -111,7 +112,7 @@ fn verify<B: DeviceBackend>(a: &mut Allocator<B>, ptr: u64, size: u64, id: u64) 
         out.iter().enumerate().all(|(i, &v)| v == pat(id, i)),
         "allocation {id} at {ptr:#x} ({size} B): head corrupted"
     );
-    if size > 4096 {
+    if size >= 2 * n as u64 {
         b.read(
             MemRef::Device(memcast_alloc::DevicePtr(ptr + size - n as u64)),
             &mut out,

@@ -103,10 +103,13 @@ impl CallStats {
     pub fn report(&self) -> CudaCallReport {
         let g = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let c = CostModel::h200();
-        let sim_for = |kind: CallKind, bytes: u64| -> Option<f64> {
+        let sim_for = |kind: CallKind, bytes: u64, pages: u32| -> Option<f64> {
+            let pages = pages.max(1) as f64;
             match kind {
-                CallKind::Alloc | CallKind::Map => Some(c.malloc_us(bytes)),
-                CallKind::Free | CallKind::Unmap => Some(c.free_us(bytes)),
+                CallKind::Alloc => Some(c.malloc_us(bytes)),
+                CallKind::Free => Some(c.free_us(bytes)),
+                CallKind::Map => Some(c.map_page_us * pages),
+                CallKind::Unmap => Some(c.unmap_page_us * pages),
                 CallKind::HostAlloc => Some(CostModel::interp(&c.host_alloc_pinned, bytes as f64)),
                 CallKind::HostFree => Some(CostModel::interp(&c.host_free_pinned, bytes as f64)),
                 CallKind::Sync => None,
@@ -122,7 +125,7 @@ impl CallStats {
             let q = |v: &[f64], p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
             let total: f64 = us.iter().sum();
             let pages: u64 = s.iter().map(|x| x.1 as u64).sum();
-            let sim: Option<Vec<f64>> = s.iter().map(|x| sim_for(kind, x.0)).collect();
+            let sim: Option<Vec<f64>> = s.iter().map(|x| sim_for(kind, x.0, x.1)).collect();
             let (sim_total, sim_p50) = match sim {
                 Some(mut v) => {
                     v.sort_by(f64::total_cmp);
@@ -171,6 +174,10 @@ mod tests {
         assert_eq!(r.alloc.total_us, 100.0);
         assert_eq!(r.alloc.sim_total_us, Some(102.0));
         assert_eq!(r.map.per_page_us, 15.0);
+        assert_eq!(
+            r.map.sim_total_us,
+            Some(2.0 * CostModel::h200().map_page_us)
+        );
         assert_eq!(r.sync.sim_total_us, None);
         assert_eq!(r.free, CallSummary::default());
         s.reset();
