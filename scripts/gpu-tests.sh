@@ -58,6 +58,9 @@ step "memcast replay --device cuda"
 for t in resnet50_b64_train gpt2_b8_s1024_train_bf16; do
     "$memcast" replay "$traces/$t.mctrace" --device cuda 2>&1 | tee "$out/replay-cuda-$t.txt" || status=1
     "$memcast" replay "$traces/$t.mctrace" --device cuda --json > "$out/replay-cuda-$t.json" || status=1
+    # 32 MiB pages for growable segments (one cuMemCreate + cuMemMap per 32 MiB).
+    "$memcast" replay "$traces/$t.mctrace" --device cuda --conf segment_granule:32M --json \
+        > "$out/replay-cuda-$t-page32M.json" || status=1
 done
 echo "== done: status $status (logs in $out)"
 exit $status

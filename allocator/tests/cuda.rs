@@ -445,6 +445,21 @@ fn low_priority_transfer_overlaps_a_compute_kernel() {
     b.deallocate(d, n, 0).unwrap();
 }
 
+/// Grows a growable segment by `chunk` `reps` times, then shrinks it back chunk by chunk.
+fn measure_growable(b: &mut CudaBackend, page: u64, chunk: u64, reps: u64) -> serde_json::Value {
+    b.call_stats().reset();
+    let base = b.reserve_growable(8 * GIB).unwrap();
+    for i in 0..reps {
+        b.grow(base, i * chunk, chunk).unwrap();
+    }
+    for i in (0..reps).rev() {
+        b.shrink(base, (i + 1) * chunk, chunk).unwrap();
+    }
+    b.release_growable(base, 0).unwrap();
+    let r = b.call_report();
+    serde_json::json!({"page": page, "growable_chunk": chunk, "map": r.map, "unmap": r.unmap})
+}
+
 /// Not a check: measures the device calls the allocator makes (cuMemAlloc/cuMemFree by
 /// size, map/unmap per page, cuMemHostAlloc) and reports them beside the sim's costs.
 #[test]
@@ -469,18 +484,16 @@ fn measure_device_call_latencies() {
     }
     let g = b.granularity();
     for (chunk, reps) in [(g, 50u64), (32 * MIB, 20), (256 * MIB, 5)] {
-        b.call_stats().reset();
-        let base = b.reserve_growable(8 * GIB).unwrap();
-        for i in 0..reps {
-            b.grow(base, i * chunk, chunk).unwrap();
-        }
-        for i in (0..reps).rev() {
-            b.shrink(base, (i + 1) * chunk, chunk).unwrap();
-        }
-        b.release_growable(base, 0).unwrap();
-        let r = b.call_report();
-        rows.push(serde_json::json!({"growable_chunk": chunk, "map": r.map, "unmap": r.unmap}));
+        rows.push(measure_growable(&mut b, g, chunk, reps));
     }
+    // Larger pages: one cuMemCreate + cuMemMap per 32 MiB.
+    let mut big = CudaBackend::new(0).unwrap();
+    big.set_page_size(32 * MIB).unwrap();
+    assert!(big.set_page_size(3 * MIB).is_err());
+    for (chunk, reps) in [(32 * MIB, 20u64), (256 * MIB, 5)] {
+        rows.push(measure_growable(&mut big, 32 * MIB, chunk, reps));
+    }
+    drop(big);
     for (size, reps) in [(2 * MIB, 10), (256 * MIB, 2)] {
         b.call_stats().reset();
         let hs: Vec<_> = (0..reps)

@@ -3,8 +3,9 @@
 //!
 //! - reserve: `cuMemAddressReserve` once, for at most the device's memory (rounded up
 //!   to the granularity): more could never be mapped;
-//! - grow: per page of the driver's granularity (`cuMemGetAllocationGranularity`, 2 MiB
-//!   on an H200) one `cuMemCreate` + `cuMemMap`, then one `cuMemSetAccess` over the new
+//! - grow: per page (the driver's granularity, `cuMemGetAllocationGranularity`, 2 MiB on
+//!   an H200, or a larger page set with `set_page_size`) one `cuMemCreate` + `cuMemMap`,
+//!   then one `cuMemSetAccess` over the new
 //!   range. A page that fails (out of memory) unmaps and releases the pages this call
 //!   created: the segment is as it was;
 //! - shrink: `cuCtxSynchronize` first (work queued on any stream may still use the

@@ -14,7 +14,11 @@ use crate::pool::Allocator;
 
 /// Replays `trace` with `opts.policy` on CUDA device 0.
 pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
-    let b = CudaBackend::new(0).map_err(ReplayError::Device)?;
+    let mut b = CudaBackend::new(0).map_err(ReplayError::Device)?;
+    // Growable segments map pages of the configured segment granule (2 MiB by
+    // default, the driver's granularity): `--conf segment_granule:32M` maps 32 MiB pages.
+    let page = opts.config.segment_granule.max(b.driver_granularity());
+    b.set_page_size(page).map_err(ReplayError::Device)?;
     let stats = b.call_stats();
     let mut r = match opts.policy {
         Policy::Memcast => {

@@ -120,7 +120,10 @@ pub fn device(device: i32) -> Result<&'static Device, TorchError> {
         return Ok(d);
     }
     let cfg = config()?;
-    let b = CudaBackend::new(device).map_err(AllocError::from)?;
+    let mut b = CudaBackend::new(device).map_err(AllocError::from)?;
+    // Pages of growable segments: the configured segment granule (2 MiB by default).
+    b.set_page_size(cfg.segment_granule.max(b.driver_granularity()))
+        .map_err(AllocError::from)?;
     let a = Allocator::new(b, cfg)?;
     let _ = s.set(Device {
         ordinal: device,
