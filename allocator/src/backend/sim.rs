@@ -71,12 +71,14 @@ pub struct CostModel {
     pub unmap_page_us: f64,
 }
 
+/// Mean per page of two H200 machines (docs/cuda.md): 52-57 us and 37-40 us.
 fn default_map_page_us() -> f64 {
-    55.0
+    47.0
 }
 
+/// Mean per page of two H200 machines (docs/cuda.md): 41-46 us and 28-31 us.
 fn default_unmap_page_us() -> f64 {
-    42.0
+    36.0
 }
 
 impl Default for CostModel {

@@ -53,6 +53,7 @@ def test_install_routes_every_allocation_to_memcast():
         s2 = mt.stats()
         print(json.dumps({"ok": ok, "allocs": s1["allocs"], "reserved": s1["reserved"]["current"],
                           "live_after": s2["requested"]["current"], "steps": s2["steps"],
+                          "reserved_after": s2["reserved"]["current"],
                           "installed": mt.installed()}))
         """
     )
@@ -60,6 +61,8 @@ def test_install_routes_every_allocation_to_memcast():
     assert r["allocs"] >= 3
     assert r["reserved"] >= 64 << 20
     assert r["steps"] == 1
+    # torch.cuda.empty_cache() reaches memcast's cache after install().
+    assert r["reserved_after"] < r["reserved"], r
 
 
 def test_install_after_the_first_cuda_allocation_says_it_is_too_late():
