@@ -4,6 +4,8 @@
 //! Every allocation and free that reaches the library is an event; `memcast_step` is an
 //! iteration boundary. Allocations live when recording starts (parameters, optimizer
 //! state) become the trace's static blocks. Times are microseconds since the start.
+//! Zero-size allocations (PyTorch makes them: empty tensors) are left out, and their
+//! frees with them: a trace has no zero-size tensor (replay refuses one).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -27,6 +29,7 @@ impl Recorder {
     pub fn start(live: &Live) -> Self {
         let mut static_blocks: Vec<StaticBlock> = live
             .values()
+            .filter(|&&(bytes, _, _)| bytes > 0)
             .map(|&(bytes, stream, id)| StaticBlock { id, bytes, stream })
             .collect();
         static_blocks.sort_by_key(|b| b.id);
@@ -46,6 +49,9 @@ impl Recorder {
     }
 
     pub fn alloc(&mut self, id: u64, bytes: u64, stream: u32) {
+        if bytes == 0 {
+            return;
+        }
         let time_us = self.now();
         self.events.push(Event {
             time_us,
@@ -53,7 +59,11 @@ impl Recorder {
         });
     }
 
-    pub fn free(&mut self, id: u64) {
+    /// The free of tensor `id` of `bytes` requested bytes.
+    pub fn free(&mut self, id: u64, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
         let time_us = self.now();
         self.events.push(Event {
             time_us,
@@ -104,11 +114,15 @@ mod tests {
     fn a_recording_round_trips_through_the_native_format() {
         let mut live = Live::new();
         live.insert(0x1000, (4096, 0, 1));
+        live.insert(0x2000, (0, 0, 9));
         let mut r = Recorder::start(&live);
         r.alloc(2, 512, 0);
+        r.alloc(3, 0, 0);
         r.boundary();
-        r.free(2);
-        r.free(1);
+        r.free(2, 512);
+        r.free(3, 0);
+        r.free(9, 0);
+        r.free(1, 4096);
         let dir = std::env::temp_dir().join(format!("memcast-torch-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("run.mctrace");
@@ -117,13 +131,17 @@ mod tests {
         assert_eq!(back.static_blocks, t.static_blocks);
         assert_eq!(back.events, t.events);
         assert_eq!(back.meta.name, "run");
+        // Zero-size tensors are not in the trace; it replays.
+        assert_eq!(back.static_blocks.len(), 1);
+        assert_eq!(back.events.len(), 4);
+        memcast_alloc::replay::replay(&back, &Default::default()).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn a_free_of_an_unknown_tensor_is_refused_at_finish() {
         let mut r = Recorder::start(&Live::new());
-        r.free(7);
+        r.free(7, 16);
         let path = std::env::temp_dir().join("memcast-torch-bad.mctrace");
         assert!(r.finish(&path, 0).is_err());
     }

@@ -189,9 +189,9 @@ impl Device {
     pub fn free(&self, ptr: u64, raw_stream: usize) -> Result<(), TorchError> {
         {
             let mut b = self.book();
-            if let Some((_, _, id)) = b.live.remove(&ptr) {
+            if let Some((bytes, _, id)) = b.live.remove(&ptr) {
                 if let Some(r) = b.rec.as_mut() {
-                    r.free(id);
+                    r.free(id, bytes);
                 }
             }
         }

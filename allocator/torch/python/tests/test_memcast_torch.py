@@ -204,6 +204,10 @@ def test_training_steps_and_a_recorded_trace(tmp_path):
         assert p.returncode == 0, p.stderr
         st = json.loads(p.stdout)
         assert st["iterations"] >= 19 and st["allocs"] > 0, st
+        # The recording replays (memcast's allocator on the simulated device).
+        p = subprocess.run([memcast, "replay", path, "--json"], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout)["allocs"] == st["allocs"] + st["static_blocks"]
 
 
 def test_predictive_goes_through_the_config_string():
