@@ -5,7 +5,8 @@
 
 MODE: `native` (PyTorch's caching allocator), `expandable`
 (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), `memcast` (memcast_torch.install():
-every allocation through memcast), `memcast-pool` (memcast_torch.pool() under
+every allocation through memcast), `memcast-predictive` (the same in predictive mode,
+default forecaster), `memcast-pool` (memcast_torch.pool() under
 torch.cuda.use_mem_pool: PyTorch's caching allocator over memcast's segments).
 One JSON line on stdout. Recipes (random weights, as the shared traces):
 resnet50: torchvision ResNet-50, batch 64, 224x224, fp32, SGD (momentum 0.9);
@@ -29,7 +30,8 @@ import time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", required=True, choices=["resnet50", "gpt2", "bert"])
-ap.add_argument("--mode", required=True, choices=["native", "expandable", "memcast", "memcast-pool"])
+ap.add_argument("--mode", required=True,
+                choices=["native", "expandable", "memcast", "memcast-pool", "memcast-predictive"])
 ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--warmup", type=int, default=3)
 args = ap.parse_args()
@@ -43,6 +45,9 @@ if args.mode.startswith("memcast"):
     import memcast_torch as mt  # noqa: E402
 
     if args.mode == "memcast":
+        mt.install()
+    elif args.mode == "memcast-predictive":
+        mt.predictive(True)
         mt.install()
 
 
@@ -120,6 +125,8 @@ def main():
         r["memcast_peak_requested_bytes"] = s["requested"]["peak"]
         r["memcast_device_allocs"] = s["device_allocs"]
         r["peak_reserved_bytes"] = s["reserved"]["peak"]
+        r["memcast_forecasts_used"] = s.get("forecasts_used")
+        r["memcast_advice_applied"] = s.get("advice_applied")
     if args.mode == "memcast-pool":
         # use_mem_pool routes only this thread's allocations (autograd's backward runs
         # on its own thread and uses PyTorch's native pool): the process's total is

@@ -6,7 +6,7 @@ set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 steps="${1:-20}"
 for model in resnet50 gpt2 bert; do
-    for mode in native expandable memcast memcast-pool; do
+    for mode in native expandable memcast memcast-pool memcast-predictive; do
         timeout 180 python3 "$here/torch_bench.py" --model "$model" --mode "$mode" --steps "$steps" 2>/dev/null | tail -1 \
             || echo "{\"model\": \"$model\", \"mode\": \"$mode\", \"failed\": true}"
     done

@@ -1,6 +1,9 @@
 //! `alloc_free`: time per alloc+free pair of memcast and two peer allocators on the same
 //! workloads, in the same run (criterion group `alloc_free`, one function per
-//! allocator: `memcast`, `offset-allocator`, `buddy_system_allocator`).
+//! allocator: `memcast`, `memcast-predictive`, `offset-allocator`,
+//! `buddy_system_allocator`). `memcast-predictive` is memcast in predictive mode with
+//! its defaults (the default LSTM on the forecast thread): what the online path costs
+//! the allocating thread. Each run of the programs ends with an iteration boundary.
 //!
 //! One iteration = the same two programs for every allocator:
 //! - `mixed`: 20,000 steps over 1,024 slots; each step frees the slot's block (if any)
@@ -53,6 +56,7 @@ trait Under {
     type H: Copy;
     fn alloc(&mut self, bytes: u64) -> Self::H;
     fn free(&mut self, h: Self::H);
+    fn boundary(&mut self) {}
 }
 
 struct Memcast(Allocator<SimBackend>);
@@ -65,6 +69,9 @@ impl Under for Memcast {
     #[inline]
     fn free(&mut self, h: Allocation) {
         self.0.deallocate(h, 0).expect("memcast free")
+    }
+    fn boundary(&mut self) {
+        self.0.iteration_boundary()
     }
 }
 
@@ -129,6 +136,7 @@ fn run<U: Under>(u: &mut U, p: &Program, mixed: &mut [Option<U::H>], trace: &mut
             None => u.free(trace[slot].take().expect("live")),
         }
     }
+    u.boundary();
 }
 
 fn bench_one<U: Under>(
@@ -153,12 +161,24 @@ fn memcast() -> Allocator<SimBackend> {
     .expect("allocator")
 }
 
+fn memcast_predictive() -> Allocator<SimBackend> {
+    let mut cfg = AllocConfig::from_env().expect("MEMCAST_ALLOC_CONF");
+    cfg.predictive = true;
+    Allocator::new(SimBackend::h200(), cfg).expect("predictive allocator")
+}
+
 fn alloc_free(c: &mut Criterion) {
     let p = program();
     let mut g = c.benchmark_group("alloc_free");
     g.throughput(Throughput::Elements(p.pairs));
     g.sample_size(20);
     bench_one(&mut g, "memcast", Memcast(memcast()), &p);
+    bench_one(
+        &mut g,
+        "memcast-predictive",
+        Memcast(memcast_predictive()),
+        &p,
+    );
     // 64 Gi units of 256 B do not fit u32: 16 GiB is plenty for these programs.
     bench_one(
         &mut g,

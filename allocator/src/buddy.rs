@@ -490,6 +490,7 @@ impl BuddyPool {
             tree,
             live: true,
         };
+        self.ext.set_growable(seg, growable);
         if mapped > 0 {
             self.map_more(seg, mapped);
         }

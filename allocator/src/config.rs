@@ -93,6 +93,135 @@ pub struct AllocConfig {
     pub latency_sample_every: u32,
     /// Upper bound on one request, bytes (0 = the device capacity).
     pub max_request: u64,
+    /// Predictive mode: the allocator feeds its allocations, frees and iteration
+    /// boundaries to a forecaster and acts on its forecasts (see `predictive`).
+    /// Default false (reactive).
+    pub predictive: bool,
+    /// Predictive mode: which forecaster (`lstm`, `seasonal`, `none`). Default `lstm`.
+    pub forecaster: ForecasterKind,
+    /// Predictive mode: the LSTM artifact directory or `.safetensors` file; `None` =
+    /// the default model compiled into the library.
+    pub model: Option<String>,
+    /// Predictive mode: steps forecast ahead (0 = the model's; at most 8).
+    pub horizon: u32,
+    /// Predictive mode: which actions the forecast drives.
+    pub predictive_actions: Actions,
+    /// Predictive mode: run the forecaster on its own thread (`true`, the default: the
+    /// allocation path only hands over chunks of events) or inline at each chunk
+    /// (`false`: deterministic, what replay uses).
+    pub forecast_thread: bool,
+}
+
+/// Which forecaster predictive mode runs (the oracle is replay-only and chosen there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ForecasterKind {
+    /// The embedded LSTM (`model`, or the default model).
+    #[default]
+    Lstm,
+    /// The featurizer's copy-and-rescale base, no learning.
+    Seasonal,
+    /// No forecast: predictive bookkeeping with reactive behaviour (for ablation).
+    None,
+}
+
+impl std::str::FromStr for ForecasterKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "lstm" => Ok(ForecasterKind::Lstm),
+            "seasonal" => Ok(ForecasterKind::Seasonal),
+            "none" => Ok(ForecasterKind::None),
+            _ => Err(format!("unknown forecaster {s:?} (lstm, seasonal, none)")),
+        }
+    }
+}
+
+/// The actions a forecast drives in predictive mode, each switchable for ablation.
+/// In a conf string: `predictive_actions:grow+release` (`+`-separated; `all`; `none`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Actions {
+    /// Grow before a forecast rise (off the request path), and size growth at a miss
+    /// by the forecast peak.
+    pub grow: bool,
+    /// Give free memory back after a peak when the forecast says the horizon will not
+    /// need it.
+    pub release: bool,
+    /// Under a budget (tiers): spill ahead of a forecast peak, victims by next use.
+    pub spill: bool,
+    /// Under a budget (tiers): prefetch spilled tensors as early as forecast free
+    /// memory allows.
+    pub prefetch: bool,
+}
+
+impl Default for Actions {
+    /// `grow`, `spill` and `prefetch`; `release` is off (like PyTorch, memory is kept
+    /// once obtained unless asked: see docs/predictive.md for what release costs).
+    fn default() -> Self {
+        Actions {
+            grow: true,
+            release: false,
+            spill: true,
+            prefetch: true,
+        }
+    }
+}
+
+impl Actions {
+    pub const NAMES: [&'static str; 4] = ["grow", "release", "spill", "prefetch"];
+
+    pub fn none() -> Self {
+        Actions {
+            grow: false,
+            release: false,
+            spill: false,
+            prefetch: false,
+        }
+    }
+    pub fn all() -> Self {
+        Actions {
+            grow: true,
+            release: true,
+            spill: true,
+            prefetch: true,
+        }
+    }
+    /// `grow+release`, `all`, `none`.
+    pub fn parse(s: &str) -> Result<Self, AllocError> {
+        let mut a = Actions::none();
+        for w in s.split(['+', '|']).map(str::trim).filter(|w| !w.is_empty()) {
+            match w {
+                "all" => a = Actions::all(),
+                "none" => {}
+                "grow" => a.grow = true,
+                "release" => a.release = true,
+                "spill" => a.spill = true,
+                "prefetch" => a.prefetch = true,
+                _ => {
+                    return Err(AllocError::Config(format!(
+                        "predictive_actions: unknown action {w:?} (grow, release, spill, prefetch, all, none)"
+                    )))
+                }
+            }
+        }
+        Ok(a)
+    }
+    /// The `+`-joined names of the actions on (`none` if none).
+    pub fn label(&self) -> String {
+        let on = [self.grow, self.release, self.spill, self.prefetch];
+        let v: Vec<&str> = Self::NAMES
+            .iter()
+            .zip(on)
+            .filter(|(_, o)| *o)
+            .map(|(n, _)| *n)
+            .collect();
+        if v.is_empty() {
+            "none".into()
+        } else {
+            v.join("+")
+        }
+    }
 }
 
 impl Default for AllocConfig {
@@ -119,9 +248,46 @@ impl Default for AllocConfig {
             run_scan: 16,
             latency_sample_every: 1024,
             max_request: 0,
+            predictive: false,
+            forecaster: ForecasterKind::Lstm,
+            model: None,
+            horizon: 0,
+            predictive_actions: Actions::default(),
+            forecast_thread: true,
         }
     }
 }
+
+/// The keys a conf string may set.
+pub const KEYS: [&str; 27] = [
+    "min_block",
+    "small_max",
+    "classes_per_doubling",
+    "slab_min_bytes",
+    "slab_objects",
+    "slab_spares",
+    "segment_granule",
+    "growable_segments",
+    "growth_initial",
+    "growth_factor",
+    "growth_cap",
+    "growth_burst_window",
+    "growth_small_chunk",
+    "coalesce",
+    "cache_max_runs",
+    "cache_max_fraction",
+    "release",
+    "best_fit",
+    "run_scan",
+    "latency_sample_every",
+    "max_request",
+    "predictive",
+    "forecaster",
+    "model",
+    "horizon",
+    "predictive_actions",
+    "forecast_thread",
+];
 
 /// Parses `12345`, `2M`, `2MiB`, `1.5G`, `64K` into bytes.
 pub fn parse_bytes(s: &str) -> Result<u64, AllocError> {
@@ -166,6 +332,15 @@ impl AllocConfig {
                 v.parse::<f64>()
                     .map_err(|_| AllocError::Config(format!("{k}: bad number {v:?}")))
             };
+            let boolean = |v: &str| -> Result<bool, AllocError> {
+                match v {
+                    "true" | "True" | "1" => Ok(true),
+                    "false" | "False" | "0" => Ok(false),
+                    _ => Err(AllocError::Config(format!(
+                        "{k}: expected a bool, got {v:?}"
+                    ))),
+                }
+            };
             let int = |v: &str| -> Result<u64, AllocError> {
                 v.parse::<u64>()
                     .map_err(|_| AllocError::Config(format!("{k}: bad integer {v:?}")))
@@ -178,13 +353,7 @@ impl AllocConfig {
                 "slab_objects" => self.slab_objects = int(v)?,
                 "slab_spares" => self.slab_spares = int(v)? as u32,
                 "segment_granule" => self.segment_granule = parse_bytes(v)?,
-                "growable_segments" => {
-                    self.growable_segments = match v {
-                        "true" | "True" | "1" => true,
-                        "false" | "False" | "0" => false,
-                        _ => return Err(AllocError::Config(format!("{k}: expected a bool"))),
-                    }
-                }
+                "growable_segments" => self.growable_segments = boolean(v)?,
                 "growth_initial" => self.growth_initial = parse_bytes(v)?,
                 "growth_factor" => self.growth_factor = num(v)?,
                 "growth_cap" => self.growth_cap = parse_bytes(v)?,
@@ -206,17 +375,22 @@ impl AllocConfig {
                         _ => return Err(AllocError::Config(format!("{k}: on_oom|immediate"))),
                     }
                 }
-                "best_fit" => {
-                    self.best_fit = match v {
-                        "true" | "True" | "1" => true,
-                        "false" | "False" | "0" => false,
-                        _ => return Err(AllocError::Config(format!("{k}: expected a bool"))),
-                    }
-                }
+                "best_fit" => self.best_fit = boolean(v)?,
                 "run_scan" => self.run_scan = int(v)? as u32,
                 "latency_sample_every" => self.latency_sample_every = int(v)? as u32,
                 "max_request" => self.max_request = parse_bytes(v)?,
-                _ => return Err(AllocError::Config(format!("unknown key {k:?}"))),
+                "predictive" => self.predictive = boolean(v)?,
+                "forecaster" => self.forecaster = v.parse().map_err(AllocError::Config)?,
+                "model" => self.model = Some(v.to_string()),
+                "horizon" => self.horizon = int(v)? as u32,
+                "predictive_actions" => self.predictive_actions = Actions::parse(v)?,
+                "forecast_thread" => self.forecast_thread = boolean(v)?,
+                _ => {
+                    return Err(AllocError::Config(format!(
+                        "unknown key {k:?} (valid: {})",
+                        KEYS.join(", ")
+                    )))
+                }
             }
         }
         self.validate()?;
@@ -258,6 +432,13 @@ impl AllocConfig {
         }
         if !(0.0..=1.0).contains(&self.cache_max_fraction) {
             return bad("cache_max_fraction must be within [0, 1]".into());
+        }
+        if self.horizon as usize > memcast_predictor::MAX_HORIZON {
+            return bad(format!(
+                "horizon {} above the most any model forecasts ({})",
+                self.horizon,
+                memcast_predictor::MAX_HORIZON
+            ));
         }
         Ok(())
     }

@@ -29,8 +29,18 @@
 //!
 //! `best_fit(len)`: the smallest of (at most `SCAN`, newest first) free blocks >= len in
 //! the request's own bin, else the smallest of (at most `SCAN`) in the first non-empty
-//! bin above it, else (no bin above) the smallest fitting one anywhere in the own bin:
-//! it never misses a block that fits.
+//! bin above it, else (no bin above) the smallest fitting one anywhere in the own bin,
+//! else the smallest fitting free tail of a growable segment: it never misses a block
+//! that fits.
+//!
+//! **The free tail of a growable segment is used last.** It lives in its own bin
+//! (`TAIL_BIN`, above every size) whatever its length, so a run goes there only when
+//! no other free block fits. Then placement does not depend on how far the tail is
+//! mapped: growing more, or ahead of need (predictive mode), or less changes which
+//! memory is mapped, never where a run goes, and the free tail stays whole for release
+//! and growth. The property test against lying forecasters (tests/predictive.rs) found
+//! the reverse: a bigger tail taken as the best fit moved later runs into holes and
+//! left a request unserved that a smaller tail's layout served.
 //! Blocks within a bin differ by less than 3.2%, so while the own bin holds at most
 //! `SCAN` blocks this is best fit to within that; a fuller bin can hide a closer fit among
 //! its older entries, and a block of the next bin is taken instead (measured in
@@ -53,6 +63,9 @@ const WORDS: usize = NBINS / 64;
 const _: () = assert!(WORDS <= 64, "one summary word covers the bitmap");
 /// Blocks a best-fit scan reads per bin (measured in the module docs).
 const SCAN: usize = 2;
+/// The bin of growable segments' free tails (see the module docs); no length maps to
+/// it (`bin_of` stays below for every length under 2^63).
+const TAIL_BIN: usize = NBINS - 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum BlkState {
@@ -87,6 +100,8 @@ pub struct Extents {
     dead: Vec<u32>,
     /// Per segment: its first and last block (NIL, NIL while nothing is mapped).
     ends: Vec<(u32, u32)>,
+    /// Per segment: growable (its last block, when free, is binned in `TAIL_BIN`).
+    growable: Vec<bool>,
     /// Per kind and bin: the newest free block of its list (NIL if none).
     heads: Box<[[u32; NBINS]; 2]>,
     // Invariant: bit b of bits[k] set iff bin b of kind k is not empty.
@@ -103,6 +118,7 @@ impl Default for Extents {
             blks: Table(Vec::new()),
             dead: Vec::new(),
             ends: Vec::new(),
+            growable: Vec::new(),
             heads: Box::new([[NIL; NBINS]; 2]),
             bits: [[0; WORDS]; 2],
             top: [0; 2],
@@ -195,17 +211,40 @@ impl Extents {
         self.heads[k][b] = i;
     }
 
-    /// Puts free block `i` in its size bin.
+    /// The bin free block `i` of length `len` belongs in: `TAIL_BIN` for the last block
+    /// of a growable segment, else its length's bin.
     #[inline(always)]
-    fn bin(&mut self, i: u32) {
-        self.bin_at(i, bin_of(self.blks[i].len));
+    fn bin_for(&self, i: u32, len: u64) -> usize {
+        let b = &self.blks[i];
+        if b.right == NIL && self.growable.get(b.seg as usize).copied().unwrap_or(false) {
+            TAIL_BIN
+        } else {
+            bin_of(len)
+        }
     }
 
-    /// Sets free block `i` to `[off, off + len)`, moving it between bins only if the
-    /// length's bin changes.
+    /// Puts free block `i` in its bin.
+    #[inline(always)]
+    fn bin(&mut self, i: u32) {
+        self.bin_at(i, self.bin_for(i, self.blks[i].len));
+    }
+
+    /// Marks segment `seg` growable or not (before anything of it is mapped).
+    pub fn set_growable(&mut self, seg: u32, growable: bool) {
+        let i = seg as usize;
+        if self.growable.len() <= i {
+            self.growable.resize(i + 1, false);
+            self.ends.resize(self.ends.len().max(i + 1), (NIL, NIL));
+        }
+        debug_assert_eq!(self.ends[i], (NIL, NIL), "segment already mapped");
+        self.growable[i] = growable;
+    }
+
+    /// Sets free block `i` to `[off, off + len)`, moving it between bins only if its
+    /// bin changes (its length's, or its place as a growable segment's tail).
     #[inline(always)]
     fn reshape_free(&mut self, i: u32, off: u64, len: u64) {
-        let nb = bin_of(len);
+        let nb = self.bin_for(i, len);
         let e = &mut self.blks[i];
         e.off = off;
         e.len = len;
@@ -392,9 +431,10 @@ impl Extents {
             self.nfree -= 1;
             return i;
         }
-        // Growth's case (`tail == 0`): the run at the end of the free tail.
-        self.reshape_free(i, boff, head);
+        // Growth's case (`tail == 0`): the run at the end of the free tail. Linked
+        // first: the free head is no longer its segment's last block (its bin).
         let u = self.link_new(used, i, right);
+        self.reshape_free(i, boff, head);
         if tail != 0 {
             let t = self.link_new(
                 Blk {
@@ -530,26 +570,40 @@ impl Extents {
             return Some(i);
         }
         match self.next_bin(k, b) {
-            // Every block of a higher bin fits: the scan cannot come back empty.
-            Some(nb) => self.scan_bin(k, nb, len, SCAN),
-            // Nothing above: a fitting block may still sit in the request's own bin
-            // beyond the first SCAN entries. The whole bin is read (rare: the pool is
-            // about to grow otherwise).
-            None => self.scan_bin(k, b, len, usize::MAX),
+            // Every block of a higher size bin fits: the scan cannot come back empty.
+            Some(nb) if nb != TAIL_BIN => self.scan_bin(k, nb, len, SCAN),
+            // No size bin above: a fitting block may still sit in the request's own bin
+            // beyond the first SCAN entries (the whole bin is read: rare, the pool is
+            // about to grow otherwise); then the free tails, last.
+            _ => self
+                .scan_bin(k, b, len, usize::MAX)
+                .or_else(|| self.scan_bin(k, TAIL_BIN, len, usize::MAX)),
         }
     }
 
-    /// Length of the largest free block (either kind).
+    /// Length of the largest free block (either kind): the largest of the highest
+    /// non-empty size bin and of the free tails.
     pub fn largest(&self) -> u64 {
         let mut best = 0;
+        let mut walk = |head: u32| {
+            let mut i = head;
+            while i != NIL {
+                best = best.max(self.blks.0[i as usize].len);
+                i = self.blks.0[i as usize].next;
+            }
+        };
         for k in 0..2 {
-            if let Some(w) = (0..WORDS).rev().find(|&w| self.bits[k][w] != 0) {
-                let b = w * 64 + 63 - self.bits[k][w].leading_zeros() as usize;
-                let mut i = self.heads[k][b];
-                while i != NIL {
-                    best = best.max(self.blks.0[i as usize].len);
-                    i = self.blks.0[i as usize].next;
+            walk(self.heads[k][TAIL_BIN]);
+            let below_tail = |w: usize| {
+                if w == TAIL_BIN / 64 {
+                    self.bits[k][w] & !(1u64 << (TAIL_BIN % 64))
+                } else {
+                    self.bits[k][w]
                 }
+            };
+            if let Some(w) = (0..WORDS).rev().find(|&w| below_tail(w) != 0) {
+                let b = w * 64 + 63 - below_tail(w).leading_zeros() as usize;
+                walk(self.heads[k][b]);
             }
         }
         best
@@ -601,7 +655,7 @@ impl Extents {
                 while i != NIL {
                     let e = &self.blks.0[i as usize];
                     if e.state != BlkState::Free
-                        || bin_of(e.len) != b
+                        || self.bin_for(i, e.len) != b
                         || e.bin as usize != b
                         || e.small as usize != k
                         || e.prev != prev

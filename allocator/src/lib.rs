@@ -11,6 +11,8 @@
 //! - [`pool`] + `maint` + `record` + `run_cache`: the [`Allocator`] (per-stream pools,
 //!   caches of freed runs, growth, release) and its record table;
 //! - [`policy`]: the decisions a forecaster can take over (growth, release, advice);
+//! - [`predictive`]: predictive mode: the online path from the allocator's events to
+//!   the forecaster, and from its forecasts to advice;
 //! - [`stats`]: what it counts; [`config`]: its knobs and `MEMCAST_ALLOC_CONF`;
 //! - [`shared`]: a thread-safe wrapper;
 //! - [`replay`]: trace replay through `memcast`, a PyTorch emulation, and `naive`.
@@ -26,6 +28,7 @@ mod fxmap;
 mod maint;
 pub mod policy;
 pub mod pool;
+pub mod predictive;
 mod record;
 pub mod replay;
 mod run_cache;

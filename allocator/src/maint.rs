@@ -122,6 +122,7 @@ impl<B: DeviceBackend> Allocator<B> {
             available,
             growable,
             small,
+            ahead: self.in_advice,
         };
         let want = self
             .growth
@@ -459,6 +460,13 @@ impl<B: DeviceBackend> Allocator<B> {
     /// other than out-of-memory (an OOM while following advice is not an error: the
     /// advice was just too optimistic).
     pub fn apply_advice(&mut self, advice: Advice) -> Result<(), AllocError> {
+        self.in_advice = true;
+        let r = self.follow(advice);
+        self.in_advice = false;
+        r
+    }
+
+    fn follow(&mut self, advice: Advice) -> Result<(), AllocError> {
         match advice {
             Advice::EnsureFree { stream, bytes } => {
                 let growable = self.use_growable();
@@ -520,6 +528,31 @@ impl<B: DeviceBackend> Allocator<B> {
                     r.state = RecState::Cached;
                     pool.cache.push(&mut self.records, id);
                 }
+                Ok(())
+            }
+            Advice::TrimTail { stream, keep_bytes } => {
+                let granule = self.granule();
+                let growable = self.use_growable();
+                let pool = self.pool_mut(stream)?;
+                let Some(seg) = pool.growable[0].filter(|_| growable) else {
+                    return Ok(());
+                };
+                let tail = pool.buddy.trailing_free(seg);
+                let release = tail.saturating_sub(keep_bytes);
+                let release = release - release % granule;
+                if release == 0 {
+                    return Ok(());
+                }
+                let (base, mapped) = {
+                    let s = &pool.buddy.segs[seg];
+                    (s.base, s.mapped)
+                };
+                self.backend.shrink(DevicePtr(base), mapped, release)?;
+                let pool = self.pools[stream].as_mut().expect("pool");
+                pool.buddy.unmap_tail(seg, release);
+                pool.reserved -= release;
+                self.stats.reserved.sub(release);
+                self.stats.device_frees += 1;
                 Ok(())
             }
             Advice::Trim { stream, keep_bytes } => {

@@ -43,6 +43,8 @@ pub struct GrowthRequest {
     /// True if the memory is for small-object slabs (the small segments), false for
     /// large runs.
     pub small: bool,
+    /// True when the growth follows advice (ahead of need), false at a miss.
+    pub ahead: bool,
 }
 
 /// Decides how many bytes to obtain from the device for a miss.
@@ -90,6 +92,17 @@ impl ReactiveGrowth {
             last: None,
             bursts: 0,
         }
+    }
+
+    /// The schedule an [`AllocConfig`](crate::AllocConfig) describes.
+    pub fn from_config(cfg: &crate::AllocConfig) -> Self {
+        ReactiveGrowth::new(
+            cfg.growth_initial,
+            cfg.growth_factor,
+            cfg.growth_cap,
+            cfg.growth_burst_window,
+        )
+        .small_chunk((cfg.growth_small_chunk > 0).then_some(cfg.growth_small_chunk))
     }
 
     /// Sets the chunk of the small-object segments (see the field).
@@ -186,4 +199,8 @@ pub enum Advice {
     },
     /// Release free device memory of `stream` beyond `keep_bytes` of free reserve.
     Trim { stream: StreamId, keep_bytes: u64 },
+    /// Unmap the free tail of `stream`'s growable segment for large runs beyond
+    /// `keep_bytes`, and nothing else: no cache is merged, no slab returned, so no
+    /// later placement changes (the tail is used last; see `extents`).
+    TrimTail { stream: StreamId, keep_bytes: u64 },
 }

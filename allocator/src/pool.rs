@@ -161,6 +161,11 @@ pub struct Allocator<B: DeviceBackend> {
     /// `max_request` (when set) capped at the largest size a record holds: a large
     /// request above it leaves the hot path (which then checks the device's capacity).
     pub(crate) request_cap: u64,
+    /// True while advice is being applied (growth then is ahead of need).
+    pub(crate) in_advice: bool,
+    /// Predictive mode's online path (`None`: reactive, and the hot paths pay one
+    /// untaken branch).
+    pub(crate) online: Option<Box<crate::predictive::online::OnlinePath>>,
 }
 
 impl<B: DeviceBackend> std::fmt::Debug for Allocator<B> {
@@ -173,17 +178,15 @@ impl<B: DeviceBackend> std::fmt::Debug for Allocator<B> {
 }
 
 impl<B: DeviceBackend> Allocator<B> {
-    /// An allocator with the reactive policies the config describes.
+    /// An allocator with the policies the config describes: reactive, or predictive
+    /// mode's over the forecaster `cfg` names when `cfg.predictive` (an error if its
+    /// model cannot be loaded; see [`Allocator::new_or_reactive`]).
     pub fn new(backend: B, cfg: AllocConfig) -> Result<Self, AllocError> {
-        let growth = Box::new(
-            ReactiveGrowth::new(
-                cfg.growth_initial,
-                cfg.growth_factor,
-                cfg.growth_cap,
-                cfg.growth_burst_window,
-            )
-            .small_chunk((cfg.growth_small_chunk > 0).then_some(cfg.growth_small_chunk)),
-        );
+        if cfg.predictive {
+            let f = crate::predictive::forecaster_for(&cfg)?;
+            return Self::with_forecaster(backend, cfg, f);
+        }
+        let growth = Box::new(ReactiveGrowth::from_config(&cfg));
         let release: Box<dyn ReleasePolicy> = match cfg.release {
             Release::OnOom => Box::new(KeepUntilOom),
             Release::Immediate => Box::new(ReleaseImmediately),
@@ -222,6 +225,8 @@ impl<B: DeviceBackend> Allocator<B> {
             } else {
                 crate::record::MAX_SIZE
             },
+            in_advice: false,
+            online: None,
             cfg,
         })
     }
@@ -366,6 +371,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 if let Some(t0) = t0 {
                     st.latency.record(t0.elapsed().as_nanos() as u64);
                 }
+                self.online_alloc(bytes, stream);
                 self.debug_check();
                 Ok(a)
             }
@@ -632,6 +638,7 @@ impl<B: DeviceBackend> Allocator<B> {
         } else {
             self.release_record(id)?;
         }
+        self.online_free(requested, stream);
         self.debug_check();
         Ok(())
     }

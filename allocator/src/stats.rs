@@ -118,6 +118,13 @@ pub struct AllocStats {
     pub deferred_frees: u64,
     /// Sampled host time of `allocate` calls.
     pub latency: Histogram,
+    /// Predictive mode: device calls made while following a forecast (ahead of need,
+    /// not inside a request), and the host time they took (backend stall).
+    pub ahead_device_calls: u64,
+    pub ahead_device_us: f64,
+    /// Predictive mode: forecasts read and pieces of advice applied.
+    pub forecasts_used: u64,
+    pub advice_applied: u64,
 }
 
 impl AllocStats {

@@ -181,6 +181,8 @@ fn advice() -> impl Strategy<Value = Advice> {
         }),
         (0u32..3, 0u64..(32 << 20))
             .prop_map(|(stream, keep_bytes)| Advice::Trim { stream, keep_bytes }),
+        (0u32..3, 0u64..(32 << 20))
+            .prop_map(|(stream, keep_bytes)| Advice::TrimTail { stream, keep_bytes }),
     ]
 }
 

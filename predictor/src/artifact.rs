@@ -67,7 +67,23 @@ pub fn write_json<T: serde::Serialize>(path: &Path, v: &T) -> Result<()> {
     std::fs::write(path, text).map_err(io(path))
 }
 
-/// The default model shipped in the repository (`training-data/models/default`).
+/// The default model's weights, compiled into the library (its config is embedded in
+/// the safetensors metadata), so that a copied or installed binary has it.
+pub const DEFAULT_SAFETENSORS: &[u8] =
+    include_bytes!("../../training-data/models/default/model.safetensors");
+
+/// The default model, from the copy compiled in.
+pub fn default_weights() -> Result<Weights> {
+    Weights::from_safetensors(DEFAULT_SAFETENSORS, None)
+}
+
+/// The default model ready to run.
+pub fn default_model() -> Result<EmbeddedLstm> {
+    EmbeddedLstm::new(default_weights()?)
+}
+
+/// The default model's directory in the source tree (`training-data/models/default`),
+/// for tools that read its metrics; running code uses [`default_weights`].
 pub fn default_model_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../training-data/models/default")
 }

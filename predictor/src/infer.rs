@@ -46,6 +46,21 @@ impl StepInput {
 pub struct Forecast {
     /// The step after which it was made.
     pub step_index: u64,
+    /// Live requested bytes when that step closed (the base of the trajectory
+    /// `live + sum (requested - freed)` the policies read).
+    pub live_bytes: u64,
+    /// The forecast has a basis: the run has a previous iteration to copy from (or
+    /// the forecaster knows the future). Before that, seasonal forecasts are the last
+    /// value, a guess that policies should not grow memory on.
+    pub reference: bool,
+    /// How far recent forecasts of this run came true: `sum min(realized, forecast) /
+    /// sum forecast` of the peak rise, over the forecasts whose horizon has passed,
+    /// each sum with halving weights (0 until one has). Policies scale what they do by
+    /// it.
+    pub trust: f64,
+    /// The largest peak rise of live bytes this run has shown over one horizon so far
+    /// (bytes): a forecast rise beyond it is a bet on something never seen.
+    pub seen_rise: u64,
     pub horizon: usize,
     /// `bytes[h - 1][c]`: channel `c` (see `memcast_trace::features::CHANNELS`) of the
     /// `h`-th next step. Entries past `horizon` are 0.
@@ -56,6 +71,10 @@ impl Default for Forecast {
     fn default() -> Self {
         Self {
             step_index: 0,
+            live_bytes: 0,
+            reference: false,
+            trust: 0.0,
+            seen_rise: 0,
             horizon: 0,
             bytes: [[0.0; CHANNELS]; MAX_HORIZON],
         }

@@ -6,10 +6,8 @@ use memcast_predictor::data::Series;
 use memcast_predictor::eval::{evaluate, run_model};
 use memcast_predictor::norm::NormStats;
 use memcast_predictor::weights::{LayerWeights, Weights};
-use memcast_predictor::{
-    ArtifactConfig, EmbeddedLstm, Forecast, ForecastService, PredictorError, StepInput,
-};
-use memcast_trace::features::{StepConfig, StepFeaturizer, CH_TOTAL, FEATURES};
+use memcast_predictor::{ArtifactConfig, EmbeddedLstm, ForecastService, PredictorError};
+use memcast_trace::features::{StepConfig, CH_TOTAL, FEATURES};
 use ndarray::{Array1, Array2};
 
 /// Deterministic small random weights for `config`.
@@ -137,50 +135,77 @@ fn static_trace_forecast_equals_seasonal_naive() {
 
 #[test]
 fn service_publishes_and_never_blocks() {
+    use memcast_predictor::forecaster::{encode_alloc, encode_free, LstmForecaster, BOUNDARY};
+    use memcast_predictor::service::CHUNK;
+    use memcast_predictor::{Engine, EventChunk};
     let cfg = ArtifactConfig::default();
     let w = weights(&cfg, 5);
-    let svc = ForecastService::start(EmbeddedLstm::new(w.clone()).unwrap(), 4).unwrap();
-    assert!(svc.latest().is_none());
+    let engine = |w: &memcast_predictor::Weights| {
+        Engine::new(
+            StepConfig::default(),
+            Box::new(LstmForecaster::new(EmbeddedLstm::new(w.clone()).unwrap())),
+        )
+    };
     let t = common::trace(3, 80, common::dyn_scale(9));
-    let mut f = StepFeaturizer::new(StepConfig::default());
-    let mut inputs = Vec::new();
-    for e in &t.events {
-        if let Some(step) = f.push(e) {
-            inputs.push(StepInput::new(&step, &f));
+    let mut sizes = std::collections::HashMap::new();
+    let codes: Vec<i64> = t
+        .events
+        .iter()
+        .filter_map(|e| match e.kind {
+            memcast_trace::EventKind::Alloc { id, bytes, .. } => {
+                sizes.insert(id, bytes);
+                Some(encode_alloc(bytes))
+            }
+            memcast_trace::EventKind::Free { id } => Some(encode_free(sizes[&id])),
+            memcast_trace::EventKind::IterationBoundary => Some(BOUNDARY),
+            _ => None,
+        })
+        .collect();
+    let chunks: Vec<EventChunk> = codes
+        .chunks(CHUNK)
+        .map(|c| {
+            let mut ch = EventChunk {
+                len: c.len(),
+                ..Default::default()
+            };
+            ch.events[..c.len()].copy_from_slice(c);
+            ch
+        })
+        .collect();
+    let svc = ForecastService::start(engine(&w), 1).unwrap();
+    assert!(svc.latest().is_none());
+    // Submit a burst far larger than the queue: some are dropped, none blocks.
+    for c in &chunks {
+        svc.submit(*c);
+    }
+    let stats = svc.shutdown();
+    assert_eq!(stats.submitted, chunks.len() as u64);
+    assert_eq!(stats.submitted, stats.dropped + stats.processed);
+    assert!(
+        stats.dropped > 0,
+        "a queue of one never overflowed: {stats:?}"
+    );
+
+    // One at a time, waiting for each: every chunk is processed, and the published
+    // forecasts equal the same engine run directly on the same events.
+    let svc = ForecastService::start(engine(&w), 2).unwrap();
+    let mut direct = engine(&w);
+    for c in &chunks {
+        let mut want = None;
+        direct.feed(c.as_slice(), |f| want = Some(*f));
+        let before = svc.stats().processed;
+        assert!(svc.submit(*c));
+        while svc.stats().processed == before {
+            std::thread::yield_now();
+        }
+        if let Some(want) = want {
+            assert_eq!(svc.latest(), Some(want));
         }
     }
-    // Submit a burst far larger than the queue: some are dropped, none blocks.
-    for i in &inputs {
-        svc.submit(*i);
-    }
     let stats = svc.shutdown();
-    assert_eq!(stats.submitted, inputs.len() as u64);
-    assert_eq!(stats.submitted, stats.dropped + stats.processed);
-    assert_eq!(stats.errors, 0);
-
-    // One at a time, waiting for each: every step is processed, and the published
-    // forecast equals the model run directly on the same inputs.
-    let svc = ForecastService::start(EmbeddedLstm::new(w.clone()).unwrap(), 2).unwrap();
-    let mut direct = EmbeddedLstm::new(w).unwrap();
-    let mut want = Forecast::default();
-    for i in &inputs {
-        assert!(svc.submit(*i));
-        direct.forecast(i, &mut want).unwrap();
-        let got = loop {
-            match svc.latest() {
-                Some(f) if f.step_index == i.step_index => break f,
-                _ => std::thread::yield_now(),
-            }
-        };
-        assert_eq!(got, want);
-    }
-    // A bad input is counted, not fatal.
-    let mut bad = inputs[0];
-    bad.features[0] = f32::NAN;
-    svc.submit(bad);
-    let stats = svc.shutdown();
-    assert_eq!(stats.errors, 1);
     assert_eq!(stats.dropped, 0);
+    assert_eq!(stats.forecasts, direct.forecasts());
+    assert!(stats.forecasts > 0);
 }
 
 #[test]

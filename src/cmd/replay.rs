@@ -1,33 +1,67 @@
-//! `memcast replay <TRACE> --policy memcast|pytorch|naive [--device sim|host|cuda] [--json]`:
-//! replays a trace (PyTorch snapshot, native, synthetic) through an allocator policy and
-//! prints the metrics of DESIGN.md (`memcast_alloc::replay`).
+//! `memcast replay <TRACE> --policy memcast|predictive|pytorch|naive [--device sim|host|cuda]
+//! [--json]`: replays a trace (PyTorch snapshot, native, synthetic) through an allocator
+//! policy and prints its metrics (`memcast_alloc::replay`); `--compare a,b,...` replays
+//! several policies and prints them side by side (one JSON object keyed by policy).
+//! With `--budget`, the tiered replay (spill and prefetch) in `replay_tiered.rs`.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use memcast_alloc::config::AllocConfig;
-use memcast_alloc::replay::{replay, Device, Policy, ReplayOptions, ReplayReport};
+use memcast_alloc::replay::{
+    replay, Device, Policy, ReplayForecaster, ReplayOptions, ReplayReport,
+};
 use memcast_trace::stats::human_bytes;
 
-// `--policy reactive --budget B`: the tiered replay (issue 5), in its own file.
+// `--budget B`: the tiered replay (spill and prefetch), in its own file.
 #[path = "replay_tiered.rs"]
 mod tiered;
 // `--device cuda`: the measured device calls beside the sim's costs, in its own file.
 #[path = "replay_cuda.rs"]
 mod cuda;
 
-#[derive(ValueEnum, Clone, Copy, Debug)]
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PolicyArg {
-    /// memcast's allocator (configured by --conf or MEMCAST_ALLOC_CONF).
+    /// memcast's allocator (configured by --conf or MEMCAST_ALLOC_CONF); under
+    /// --budget, with the reactive spill and prefetch policies.
     Memcast,
+    /// memcast's allocator in predictive mode: a forecaster (--forecaster) drives
+    /// growth and release ahead of need, and under --budget spill and prefetch.
+    Predictive,
     /// An emulation of PyTorch's CUDACachingAllocator (native mode).
     Pytorch,
     /// One device allocation per request.
     Naive,
     /// Tiered memory under `--budget`: memcast's allocator, spilling to host memory and
     /// prefetching back (reactive policies: LRU-K spill, previous-iteration prefetch).
+    /// The same as `memcast` with a budget.
     Reactive,
+}
+
+impl PolicyArg {
+    pub fn name(&self) -> &'static str {
+        match self {
+            PolicyArg::Memcast => "memcast",
+            PolicyArg::Predictive => "predictive",
+            PolicyArg::Pytorch => "pytorch",
+            PolicyArg::Naive => "naive",
+            PolicyArg::Reactive => "reactive",
+        }
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForecasterArg {
+    /// The embedded LSTM (--model, or the default model built into memcast).
+    Lstm,
+    /// The featurizer's copy-and-rescale base: the previous iteration at the same
+    /// phase, rescaled by this iteration's demand so far. No learning.
+    Seasonal,
+    /// The trace's true future: the upper bound of what any forecast can give.
+    Oracle,
+    /// No forecast: predictive mode's bookkeeping with reactive decisions.
+    None,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -48,6 +82,17 @@ pub struct ReplayArgs {
     /// Allocator policy.
     #[arg(long, value_enum, default_value = "memcast")]
     pub policy: PolicyArg,
+    /// Replay several policies (comma-separated, e.g. `memcast,predictive`) and print
+    /// them side by side; with --json one object keyed by policy name.
+    #[arg(long, value_delimiter = ',', value_enum, conflicts_with = "policy")]
+    pub compare: Vec<PolicyArg>,
+    /// Forecaster of --policy predictive.
+    #[arg(long, value_enum)]
+    pub forecaster: Option<ForecasterArg>,
+    /// Model of the lstm forecaster: an artifact directory from `memcast train` or a
+    /// .safetensors file (default: the model built into memcast).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
     /// Device backend.
     #[arg(long, value_enum, default_value = "sim")]
     pub device: DeviceArg,
@@ -57,14 +102,14 @@ pub struct ReplayArgs {
     /// memcast allocator settings, `key:value,...` (over MEMCAST_ALLOC_CONF).
     #[arg(long)]
     pub conf: Option<String>,
-    /// Device budget in bytes or as a fraction of peak requested bytes (tiered
-    /// replay: issue 5).
+    /// Device budget: bytes (`12G`, `123456`) or a share of the trace's peak
+    /// requested bytes (`60%`, `0.6`): the tiered replay, with spill and prefetch.
     #[arg(long)]
     pub budget: Option<String>,
     /// Run the allocator's invariant check every N events (slow; 0 = never).
     #[arg(long, default_value_t = 0)]
     pub check_every: u64,
-    /// With `--policy reactive`: no prefetching (every use of a spilled tensor waits).
+    /// With --budget: no prefetching (every use of a spilled tensor waits).
     #[arg(long)]
     pub no_prefetch: bool,
     #[command(flatten)]
@@ -97,37 +142,124 @@ impl ReplayImportArgs {
     }
 }
 
-pub fn run(args: ReplayArgs) -> Result<()> {
-    if matches!(args.policy, PolicyArg::Reactive) || args.budget.is_some() {
-        return tiered::run(&args);
+/// The policies to replay: `--compare`'s, else `--policy`.
+fn policies(args: &ReplayArgs) -> Vec<PolicyArg> {
+    if args.compare.is_empty() {
+        vec![args.policy]
+    } else {
+        args.compare.clone()
     }
-    let trace = args.import.load(&args.trace)?;
-    let mut config = AllocConfig::from_env().context("MEMCAST_ALLOC_CONF")?;
+}
+
+/// Checks that every option given applies to what is replayed.
+fn check_options(args: &ReplayArgs) -> Result<()> {
+    let ps = policies(args);
+    let predictive = ps.contains(&PolicyArg::Predictive);
+    if args.forecaster.is_some() && !predictive {
+        bail!("--forecaster applies to --policy predictive only");
+    }
+    if args.model.is_some() {
+        if !predictive {
+            bail!("--model applies to --policy predictive only");
+        }
+        if !matches!(args.forecaster, None | Some(ForecasterArg::Lstm)) {
+            bail!("--model applies to the lstm forecaster only");
+        }
+    }
+    if args.no_prefetch && args.budget.is_none() {
+        bail!("--no-prefetch applies to a replay under --budget only");
+    }
+    if args.budget.is_none() && ps.contains(&PolicyArg::Reactive) {
+        bail!("--policy reactive needs --budget (bytes such as 8G, or a share of the trace's peak requested bytes such as 0.6 or 60%)");
+    }
+    if args.conf.is_some()
+        && ps
+            .iter()
+            .all(|p| matches!(p, PolicyArg::Pytorch | PolicyArg::Naive))
+    {
+        bail!(
+            "--conf sets memcast's allocator, which --policy {} does not use",
+            ps[0].name()
+        );
+    }
+    Ok(())
+}
+
+/// memcast's allocator settings: MEMCAST_ALLOC_CONF over `base`, then --conf, then
+/// --model.
+pub fn alloc_config(args: &ReplayArgs, base: AllocConfig) -> Result<AllocConfig> {
+    let mut config = base;
+    if let Ok(env) = std::env::var("MEMCAST_ALLOC_CONF") {
+        config = config
+            .with_conf_string(&env)
+            .context("MEMCAST_ALLOC_CONF")?;
+    }
     if let Some(c) = &args.conf {
         config = config.with_conf_string(c).context("--conf")?;
     }
-    let opts = ReplayOptions {
-        policy: match args.policy {
-            PolicyArg::Memcast => Policy::Memcast,
-            PolicyArg::Pytorch => Policy::Pytorch,
-            PolicyArg::Naive => Policy::Naive,
-            PolicyArg::Reactive => bail!("--policy reactive goes to the tiered replay"),
-        },
-        device: match args.device {
-            DeviceArg::Sim => Device::Sim,
-            DeviceArg::Host => Device::Host,
-            DeviceArg::Cuda => Device::Cuda,
-        },
-        config,
-        check_every: args.check_every,
-        ..Default::default()
-    };
-    let report = replay(&trace, &opts)
-        .with_context(|| format!("replay of {} failed", args.trace.display()))?;
+    if let Some(m) = &args.model {
+        config.model = Some(m.display().to_string());
+    }
+    Ok(config)
+}
+
+pub fn forecaster(args: &ReplayArgs) -> ReplayForecaster {
+    match args.forecaster.unwrap_or(ForecasterArg::Lstm) {
+        ForecasterArg::Lstm => ReplayForecaster::Lstm,
+        ForecasterArg::Seasonal => ReplayForecaster::Seasonal,
+        ForecasterArg::Oracle => ReplayForecaster::Oracle,
+        ForecasterArg::None => ReplayForecaster::None,
+    }
+}
+
+pub fn run(args: ReplayArgs) -> Result<()> {
+    check_options(&args)?;
+    if args.budget.is_some() {
+        return tiered::run(&args);
+    }
+    let trace = args.import.load(&args.trace)?;
+    let config = alloc_config(&args, AllocConfig::default())?;
+    let mut reports = Vec::new();
+    for p in policies(&args) {
+        let opts = ReplayOptions {
+            policy: match p {
+                PolicyArg::Memcast => Policy::Memcast,
+                PolicyArg::Predictive => Policy::Predictive,
+                PolicyArg::Pytorch => Policy::Pytorch,
+                PolicyArg::Naive => Policy::Naive,
+                PolicyArg::Reactive => bail!("--policy reactive goes to the tiered replay"),
+            },
+            device: match args.device {
+                DeviceArg::Sim => Device::Sim,
+                DeviceArg::Host => Device::Host,
+                DeviceArg::Cuda => Device::Cuda,
+            },
+            config: config.clone(),
+            check_every: args.check_every,
+            forecaster: forecaster(&args),
+            ..Default::default()
+        };
+        let report = replay(&trace, &opts)
+            .with_context(|| format!("{} replay of {} failed", p.name(), args.trace.display()))?;
+        reports.push((p.name(), report));
+    }
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        if args.compare.is_empty() {
+            println!("{}", serde_json::to_string(&reports[0].1)?);
+        } else {
+            let obj: serde_json::Map<String, serde_json::Value> = reports
+                .iter()
+                .map(|(n, r)| Ok((n.to_string(), serde_json::to_value(r)?)))
+                .collect::<Result<_>>()?;
+            println!("{}", serde_json::Value::Object(obj));
+        }
     } else {
-        print_table(&report);
+        for (i, (_, r)) in reports.iter().enumerate() {
+            if i > 0 {
+                println!();
+            }
+            print_table(r);
+        }
     }
     Ok(())
 }
@@ -137,9 +269,14 @@ fn print_table(r: &ReplayReport) {
     let device = serde_json::to_value(r.device).unwrap_or_default();
     println!("trace             {}", r.trace);
     println!(
-        "policy / device   {} / {}",
+        "policy / device   {} / {}{}",
         policy.as_str().unwrap_or("?"),
-        device.as_str().unwrap_or("?")
+        device.as_str().unwrap_or("?"),
+        if r.policy == Policy::Predictive {
+            format!(" (forecaster {})", r.forecaster)
+        } else {
+            String::new()
+        }
     );
     println!(
         "events            {} ({} allocs, {} frees, {} static blocks)",
@@ -147,16 +284,36 @@ fn print_table(r: &ReplayReport) {
     );
     println!("peak requested    {}", human_bytes(r.peak_requested_bytes));
     println!("peak reserved     {}", human_bytes(r.peak_reserved_bytes));
-    println!("reserved overhead {:.2}%", 100.0 * r.reserved_overhead);
     println!(
-        "device allocs     {} ({} frees)",
-        r.device_allocs, r.device_frees
+        "reserved overhead {:.2}%  (peak reserved / peak requested - 1)",
+        100.0 * r.reserved_overhead
     );
     println!(
-        "fragmentation     max {:.2}, at peak {:.2}",
-        r.max_fragmentation, r.fragmentation_at_peak
+        "mean reserved     {}  (time-weighted)",
+        human_bytes(r.mean_reserved_bytes as u64)
     );
-    println!("device time       {:.1} ms", r.device_time_us / 1e3);
+    println!(
+        "device allocs     {} ({} frees); {} inside requests ({} after the first iteration), {} ahead of need",
+        r.device_allocs,
+        r.device_frees,
+        r.critical_path_device_calls,
+        r.critical_path_device_calls_after_first_iteration,
+        r.ahead_device_calls
+    );
+    println!(
+        "fragmentation     mean {:.3}, max {:.2}, at peak {:.2}  (1 - largest free block / free bytes)",
+        r.mean_fragmentation, r.max_fragmentation, r.fragmentation_at_peak
+    );
+    let modelled = if r.device == Device::Sim {
+        ""
+    } else {
+        "  (not modelled on this device: host time of the calls only)"
+    };
+    println!(
+        "device time       {:.1} ms, {:.1} ms of it inside requests{modelled}",
+        r.device_time_us / 1e3,
+        r.critical_path_device_us / 1e3
+    );
     println!("replay speed      {:.2} M events/s", r.events_per_sec / 1e6);
     cuda::print_calls(r);
 }

@@ -11,11 +11,11 @@ use memcast_trace::stats::human_bytes;
 use super::{DeviceArg, PolicyArg, ReplayArgs};
 
 pub fn run(args: &ReplayArgs) -> Result<()> {
-    if !matches!(args.policy, PolicyArg::Reactive) {
-        bail!("--budget needs --policy reactive (the tiered replay: spill and prefetch)");
+    if !matches!(args.policy, PolicyArg::Reactive | PolicyArg::Memcast) {
+        bail!("--budget needs --policy memcast (or reactive: the same) or predictive");
     }
     let Some(b) = &args.budget else {
-        bail!("--policy reactive needs --budget (bytes such as 8G, or a fraction of the trace's peak requested bytes such as 0.6 or 60%)");
+        bail!("the tiered replay needs --budget");
     };
     let budget: Budget = b
         .parse()

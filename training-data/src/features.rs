@@ -22,8 +22,11 @@
 //!
 //! [`CHANNELS`] values per step: requested bytes per buddy size class ([`NUM_CLASSES`]
 //! coarse groups of power-of-two classes, [`size_class`]), the step's total requested
-//! bytes, and its freed bytes (with allocations, frees give the live-bytes trajectory
-//! the allocator grows or releases segments for).
+//! bytes, its freed bytes (with allocations, frees give the live-bytes trajectory
+//! the allocator grows or releases segments for), and its peak rise: how far live bytes
+//! rose within the step above their value when it opened. From these the peak of live
+//! bytes over a horizon follows: `max_h (live + sum_{j<h} (requested_j - freed_j) +
+//! rise_h)`, the figure that decides whether to grow (or spill) ahead of a peak.
 //!
 //! # Features (what a model reads), all scale-free
 //!
@@ -46,12 +49,15 @@ use crate::Event;
 pub const NUM_CLASSES: usize = 6;
 /// Largest buddy class exponent (log2 of bytes, inclusive) of the first groups.
 pub const CLASS_LOG2_BOUNDS: [u32; NUM_CLASSES - 1] = [16, 20, 23, 26, 29];
-/// Per-step demand values: `NUM_CLASSES` class bytes, total requested, freed.
-pub const CHANNELS: usize = NUM_CLASSES + 2;
+/// Per-step demand values: `NUM_CLASSES` class bytes, total requested, freed, peak rise.
+pub const CHANNELS: usize = NUM_CLASSES + 3;
 /// Index of the total-requested-bytes channel.
 pub const CH_TOTAL: usize = NUM_CLASSES;
 /// Index of the freed-bytes channel.
 pub const CH_FREED: usize = NUM_CLASSES + 1;
+/// Index of the peak-rise channel: max of live bytes within the step minus live bytes
+/// when the step opened (>= 0).
+pub const CH_PEAK: usize = NUM_CLASSES + 2;
 /// Width of [`Step::features`].
 pub const FEATURES: usize = 18;
 
@@ -163,6 +169,9 @@ pub struct StepFeaturizer {
     open_start: Option<u64>,
     open_end: u64,
     open_peak: u64,
+    /// Live bytes when the open step opened (the last step's close).
+    // Invariant: open_live0 <= open_peak.
+    open_live0: u64,
     // Live bytes per tensor: needed to know what a free returns.
     // Invariant: holds exactly the live tensors' requested bytes.
     live_sizes: std::collections::HashMap<u64, u64>,
@@ -205,6 +214,7 @@ impl StepFeaturizer {
             open_start: None,
             open_end: 0,
             open_peak: 0,
+            open_live0: 0,
             live_sizes: std::collections::HashMap::new(),
             live: 0,
             iteration: 0,
@@ -226,9 +236,20 @@ impl StepFeaturizer {
     /// Registers a block live before the first event (a static block).
     pub fn add_static(&mut self, id: u64, bytes: u64) {
         if self.live_sizes.insert(id, bytes).is_none() {
-            self.live = self.live.saturating_add(bytes);
+            self.push_setup(bytes);
         }
+    }
+
+    /// Registers `bytes` of setup memory (live before the run's iterations, such as
+    /// parameters and optimizer state) without a tensor id: counted in live bytes, in
+    /// no step. What `add_static` does for the online path.
+    pub fn push_setup(&mut self, bytes: u64) {
+        self.live = self.live.saturating_add(bytes);
         self.open_peak = self.open_peak.max(self.live);
+        if self.open_start.is_none() {
+            // Before the step's first event: the step opens at this level.
+            self.open_live0 = self.live;
+        }
         self.cur_peak_live = self.cur_peak_live.max(self.live);
     }
 
@@ -246,42 +267,62 @@ impl StepFeaturizer {
     pub fn push(&mut self, e: &Event) -> Option<Step> {
         match e.kind {
             EventKind::Alloc { id, bytes, .. } => {
-                self.touch(e.time_us);
                 if let Some(old) = self.live_sizes.insert(id, bytes) {
                     // A reused id (malformed input): treat as free + alloc.
                     self.live = self.live.saturating_sub(old);
                 }
-                self.live = self.live.saturating_add(bytes);
-                self.open_peak = self.open_peak.max(self.live);
-                let c = size_class(bytes);
-                self.open_counts[c] += 1;
-                self.open_values[c] = self.open_values[c].saturating_add(bytes);
-                self.open_values[CH_TOTAL] = self.open_values[CH_TOTAL].saturating_add(bytes);
-                self.open_allocs += 1;
-                if self.open_allocs >= self.cfg.allocs_per_step {
-                    return Some(self.close());
-                }
-                None
+                self.push_alloc(bytes, e.time_us)
             }
             EventKind::Free { id } => {
-                self.touch(e.time_us);
                 // Unknown ids (frees of blocks we never saw) count as a free of 0 bytes.
                 let bytes = self.live_sizes.remove(&id).unwrap_or(0);
-                self.live = self.live.saturating_sub(bytes);
-                self.open_values[CH_FREED] = self.open_values[CH_FREED].saturating_add(bytes);
-                self.open_frees += 1;
+                self.push_free(bytes, e.time_us);
                 None
             }
             EventKind::Access { .. } => None,
-            // Without restarts, boundaries are ignored: one long iteration (the
-            // straddling baseline the module docs argue against, kept for comparison).
-            EventKind::IterationBoundary if !self.cfg.restart_at_iteration => None,
-            EventKind::IterationBoundary => {
-                let step = self.open_start.is_some().then(|| self.close());
-                self.new_iteration();
-                step
-            }
+            EventKind::IterationBoundary => self.boundary(),
         }
+    }
+
+    /// An allocation of `bytes` at `time_us`, without a tensor id: the allocator's
+    /// online path, which knows the size of what it frees. `push` calls it after its id
+    /// bookkeeping, so the offline and the online series come from this one code path.
+    /// O(1); returns the step it closed.
+    #[inline]
+    pub fn push_alloc(&mut self, bytes: u64, time_us: u64) -> Option<Step> {
+        self.touch(time_us);
+        self.live = self.live.saturating_add(bytes);
+        self.open_peak = self.open_peak.max(self.live);
+        let c = size_class(bytes);
+        self.open_counts[c] += 1;
+        self.open_values[c] = self.open_values[c].saturating_add(bytes);
+        self.open_values[CH_TOTAL] = self.open_values[CH_TOTAL].saturating_add(bytes);
+        self.open_allocs += 1;
+        if self.open_allocs >= self.cfg.allocs_per_step {
+            return Some(self.close());
+        }
+        None
+    }
+
+    /// A free of `bytes` at `time_us` (see [`push_alloc`](Self::push_alloc)). O(1).
+    #[inline]
+    pub fn push_free(&mut self, bytes: u64, time_us: u64) {
+        self.touch(time_us);
+        self.live = self.live.saturating_sub(bytes);
+        self.open_values[CH_FREED] = self.open_values[CH_FREED].saturating_add(bytes);
+        self.open_frees += 1;
+    }
+
+    /// An iteration boundary: closes the open step (if it holds an event) and starts
+    /// the next iteration. Without restarts, boundaries are ignored: one long iteration
+    /// (the straddling baseline the module docs argue against, kept for comparison).
+    pub fn boundary(&mut self) -> Option<Step> {
+        if !self.cfg.restart_at_iteration {
+            return None;
+        }
+        let step = self.open_start.is_some().then(|| self.close());
+        self.new_iteration();
+        step
     }
 
     /// Checks the invariants in the type's docs (O(live tensors); tests call it).
@@ -334,6 +375,7 @@ impl StepFeaturizer {
     }
 
     fn close(&mut self) -> Step {
+        self.open_values[CH_PEAK] = self.open_peak.saturating_sub(self.open_live0);
         let values = self.open_values;
         let p = self.cur.len();
         self.cur.push(values);
@@ -451,6 +493,7 @@ impl StepFeaturizer {
         self.open_values = [0; CHANNELS];
         self.open_start = None;
         self.open_peak = self.live;
+        self.open_live0 = self.live;
         step
     }
 

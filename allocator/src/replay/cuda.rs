@@ -26,6 +26,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, Repla
                 .map_err(|source| ReplayError::Alloc { index: 0, source })?;
             run(trace, a, opts)?
         }
+        Policy::Predictive => run(trace, super::predictive_allocator(trace, b, opts)?, opts)?,
         Policy::Pytorch => {
             let emu = pytorch::PytorchEmu::new(b, opts.pytorch.clone());
             run_warm(trace, emu, opts, opts.pytorch.warmup_plan(trace).as_ref())?

@@ -48,6 +48,60 @@ pub enum Policy {
     Pytorch,
     /// One device allocation per request.
     Naive,
+    /// This crate's allocator in predictive mode (forecaster: [`ReplayOptions::forecaster`]).
+    Predictive,
+}
+
+impl Policy {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Policy::Memcast => "memcast",
+            Policy::Pytorch => "pytorch",
+            Policy::Naive => "naive",
+            Policy::Predictive => "predictive",
+        }
+    }
+}
+
+/// Which forecaster a predictive replay runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplayForecaster {
+    /// The embedded LSTM (`config.model`, or the default model).
+    #[default]
+    Lstm,
+    /// The featurizer's copy-and-rescale base.
+    Seasonal,
+    /// The trace's true future (the upper bound of any forecast).
+    Oracle,
+    /// No forecast.
+    None,
+}
+
+impl std::str::FromStr for ReplayForecaster {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "lstm" => Ok(Self::Lstm),
+            "seasonal" => Ok(Self::Seasonal),
+            "oracle" => Ok(Self::Oracle),
+            "none" => Ok(Self::None),
+            _ => Err(format!(
+                "unknown forecaster {s:?} (lstm, seasonal, oracle, none)"
+            )),
+        }
+    }
+}
+
+impl ReplayForecaster {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Lstm => "lstm",
+            Self::Seasonal => "seasonal",
+            Self::Oracle => "oracle",
+            Self::None => "none",
+        }
+    }
 }
 
 impl std::str::FromStr for Policy {
@@ -57,7 +111,10 @@ impl std::str::FromStr for Policy {
             "memcast" => Ok(Policy::Memcast),
             "pytorch" => Ok(Policy::Pytorch),
             "naive" => Ok(Policy::Naive),
-            _ => Err(format!("unknown policy {s:?} (memcast, pytorch, naive)")),
+            "predictive" => Ok(Policy::Predictive),
+            _ => Err(format!(
+                "unknown policy {s:?} (memcast, predictive, pytorch, naive)"
+            )),
         }
     }
 }
@@ -100,6 +157,8 @@ pub struct ReplayOptions {
     pub host_capacity: u64,
     /// Run `check_invariants()` every N events (0 = never). Tests use 1.
     pub check_every: u64,
+    /// The `predictive` policy's forecaster.
+    pub forecaster: ReplayForecaster,
 }
 
 impl Default for ReplayOptions {
@@ -112,6 +171,7 @@ impl Default for ReplayOptions {
             sim_capacity: crate::backend::sim::H200_CAPACITY,
             host_capacity: 0,
             check_every: 0,
+            forecaster: ReplayForecaster::Lstm,
         }
     }
 }
@@ -121,6 +181,8 @@ impl Default for ReplayOptions {
 pub struct ReplayReport {
     pub trace: String,
     pub policy: Policy,
+    /// The forecaster of a predictive replay (`none` for the others).
+    pub forecaster: &'static str,
     pub device: Device,
     /// Static blocks + trace events processed.
     pub events: u64,
@@ -130,9 +192,21 @@ pub struct ReplayReport {
     pub peak_requested_bytes: u64,
     pub peak_reserved_bytes: u64,
     pub reserved_overhead: f64,
+    /// Time-weighted mean of reserved bytes (weights: the trace's time between events).
+    pub mean_reserved_bytes: f64,
     pub device_allocs: u64,
     pub device_frees: u64,
+    /// Device calls made inside a request (the request waited for them), all of them
+    /// and those after the first iteration (the trace's second boundary), and the host
+    /// time they took; the rest were made ahead of need, following a forecast.
+    pub critical_path_device_calls: u64,
+    pub critical_path_device_calls_after_first_iteration: u64,
+    pub critical_path_device_us: f64,
+    pub ahead_device_calls: u64,
     pub max_fragmentation: f64,
+    /// Time-weighted mean fragmentation over the sampled instants (the same instants
+    /// and rule as `max_fragmentation`).
+    pub mean_fragmentation: f64,
     pub fragmentation_at_peak: f64,
     pub events_per_sec: f64,
     pub wall_secs: f64,
@@ -188,6 +262,15 @@ pub trait ReplayTarget {
     fn extra(&self) -> serde_json::Value {
         serde_json::Value::Null
     }
+    /// An iteration boundary of the trace.
+    fn iteration_boundary(&mut self) {}
+    /// Device calls made ahead of need (following a forecast) and their host time.
+    fn ahead(&self) -> (u64, f64) {
+        (0, 0.0)
+    }
+    fn forecaster(&self) -> &'static str {
+        "none"
+    }
 }
 
 impl<B: DeviceBackend> ReplayTarget for Allocator<B> {
@@ -225,6 +308,18 @@ impl<B: DeviceBackend> ReplayTarget for Allocator<B> {
     fn check(&self) -> Result<(), AllocError> {
         self.check_invariants()
     }
+    fn iteration_boundary(&mut self) {
+        Allocator::iteration_boundary(self)
+    }
+    fn ahead(&self) -> (u64, f64) {
+        (
+            self.stats().ahead_device_calls,
+            self.stats().ahead_device_us,
+        )
+    }
+    fn forecaster(&self) -> &'static str {
+        self.online().map_or("none", |o| o.forecaster())
+    }
     fn extra(&self) -> serde_json::Value {
         let s = self.stats();
         serde_json::json!({
@@ -236,6 +331,9 @@ impl<B: DeviceBackend> ReplayTarget for Allocator<B> {
             "oom_retries": s.oom_retries,
             "alloc_latency_p50_ns": s.latency.quantile_ns(0.5),
             "alloc_latency_p99_ns": s.latency.quantile_ns(0.99),
+            "forecasts_used": s.forecasts_used,
+            "advice_applied": s.advice_applied,
+            "ahead_device_us": s.ahead_device_us,
             "config": self.config(),
         })
     }
@@ -261,6 +359,14 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, Repla
                 .map_err(|source| ReplayError::Alloc { index: 0, source })?;
             run(trace, a, opts)?
         }
+        (Policy::Predictive, Device::Sim) => {
+            let b = SimBackend::new(opts.sim_capacity, Default::default());
+            run(trace, predictive_allocator(trace, b, opts)?, opts)?
+        }
+        (Policy::Predictive, Device::Host) => {
+            let b = HostBackend::new(opts.host_capacity);
+            run(trace, predictive_allocator(trace, b, opts)?, opts)?
+        }
         (Policy::Pytorch, Device::Sim) => {
             let b = SimBackend::new(opts.sim_capacity, Default::default());
             let emu = pytorch::PytorchEmu::new(b, opts.pytorch.clone());
@@ -282,6 +388,65 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, Repla
         )?,
     };
     Ok(r)
+}
+
+/// The allocator of a predictive replay: `opts.config` in predictive mode, inline (a
+/// replay runs millions of events a second, far faster than any job: the forecaster
+/// keeps up with a real job's allocation rate, so replay runs it in step, which also
+/// makes the figures deterministic), over `opts.forecaster`.
+pub fn predictive_allocator<B: DeviceBackend>(
+    trace: &Trace,
+    backend: B,
+    opts: &ReplayOptions,
+) -> Result<Allocator<B>, ReplayError> {
+    let fail = |source| ReplayError::Alloc { index: 0, source };
+    let mut cfg = opts.config.clone();
+    cfg.predictive = true;
+    cfg.forecast_thread = false;
+    let forecaster = match opts.forecaster {
+        ReplayForecaster::Oracle => {
+            let h = crate::predictive::horizon_of(&cfg, None);
+            Box::new(crate::predictive::OracleForecaster::from_events(
+                &allocator_events(trace),
+                memcast_trace::features::StepConfig::default(),
+                h,
+            ))
+        }
+        other => {
+            cfg.forecaster = match other {
+                ReplayForecaster::Lstm => crate::config::ForecasterKind::Lstm,
+                ReplayForecaster::Seasonal => crate::config::ForecasterKind::Seasonal,
+                _ => crate::config::ForecasterKind::None,
+            };
+            crate::predictive::forecaster_for(&cfg).map_err(fail)?
+        }
+    };
+    Allocator::with_forecaster(backend, cfg, forecaster).map_err(fail)
+}
+
+/// The event codes a replay's allocator records, in order: the static blocks'
+/// allocations, then the trace's allocations, frees and boundaries (what the oracle
+/// reads as the true future).
+pub fn allocator_events(trace: &Trace) -> Vec<i64> {
+    use memcast_predictor::forecaster::{encode_alloc, encode_free, BOUNDARY};
+    let mut sizes: FxMap<u64, u64> = FxMap::default();
+    let mut out = Vec::with_capacity(trace.static_blocks.len() + trace.events.len());
+    for b in &trace.static_blocks {
+        sizes.insert(b.id, b.bytes);
+        out.push(encode_alloc(b.bytes));
+    }
+    for e in &trace.events {
+        match e.kind {
+            EventKind::Alloc { id, bytes, .. } => {
+                sizes.insert(id, bytes);
+                out.push(encode_alloc(bytes));
+            }
+            EventKind::Free { id } => out.push(encode_free(sizes.remove(&id).unwrap_or(0))),
+            EventKind::IterationBoundary => out.push(BOUNDARY),
+            EventKind::Access { .. } => {}
+        }
+    }
+    out
 }
 
 /// Peak of live requested bytes, static blocks included (one pass, no allocator).
@@ -376,10 +541,19 @@ pub fn run_warm<T: ReplayTarget>(
     }
     peak_requested = peak_requested.max(requested);
     let mut last_time = trace.events.first().map(|e| e.time_us).unwrap_or(0);
+    // Time-weighted sums: reserved bytes x time, fragmentation x time (sampled).
+    let (mut reserved_time, mut span) = (0.0f64, 0.0f64);
+    let (mut frag_time, mut frag_span, mut frag_last) = (0.0f64, 0.0f64, None::<(u64, f64)>);
+    let mut boundaries = 0u32;
+    let mut critical_at_first: Option<u64> = None;
+    let critical = |t: &T| t.device_allocs() + t.device_frees() - t.ahead().0;
     for (index, e) in trace.events.iter().enumerate() {
         let index = index as u64;
         if e.time_us > last_time {
-            t.advance_us((e.time_us - last_time) as f64);
+            let dt = (e.time_us - last_time) as f64;
+            reserved_time += t.reserved() as f64 * dt;
+            span += dt;
+            t.advance_us(dt);
             last_time = e.time_us;
         }
         match e.kind {
@@ -405,18 +579,38 @@ pub fn run_warm<T: ReplayTarget>(
                 requested -= bytes;
                 frees += 1;
             }
-            EventKind::Access { .. } | EventKind::IterationBoundary => {}
+            EventKind::IterationBoundary => {
+                boundaries += 1;
+                if boundaries == 2 {
+                    critical_at_first = Some(critical(&t));
+                }
+                t.iteration_boundary();
+            }
+            EventKind::Access { .. } => {}
         }
         events += 1;
         let pr = t.peak_reserved();
+        let mut sampled = None;
         if pr > last_peak {
             last_peak = pr;
             frag_at_peak = frag(&t).unwrap_or(0.0);
             max_frag = max_frag.max(frag_at_peak);
+            sampled = Some(frag(&t));
         } else if index.is_multiple_of(256) {
-            if let Some(f) = frag(&t) {
+            let f = frag(&t);
+            if let Some(f) = f {
                 max_frag = max_frag.max(f);
             }
+            sampled = Some(f);
+        }
+        if let Some(f) = sampled {
+            // The previous sample holds until this one (piecewise constant).
+            if let Some((t0, f0)) = frag_last {
+                let dt = e.time_us.saturating_sub(t0) as f64;
+                frag_time += f0 * dt;
+                frag_span += dt;
+            }
+            frag_last = f.map(|f| (e.time_us, f));
         }
         if opts.check_every > 0 && index.is_multiple_of(opts.check_every) {
             t.check().map_err(fail(index))?;
@@ -435,9 +629,12 @@ pub fn run_warm<T: ReplayTarget>(
         .and_then(|v| v.as_u64())
         .unwrap_or(0);
     let peak_reserved = t.peak_reserved();
+    let (ahead_calls, ahead_us) = t.ahead();
+    let all_critical = critical(&t);
     Ok(ReplayReport {
         trace: trace.meta.name.clone(),
         policy: opts.policy,
+        forecaster: t.forecaster(),
         device: opts.device,
         events,
         allocs,
@@ -450,8 +647,23 @@ pub fn run_warm<T: ReplayTarget>(
         } else {
             peak_reserved as f64 / peak_requested as f64 - 1.0
         },
+        mean_reserved_bytes: if span > 0.0 {
+            reserved_time / span
+        } else {
+            t.reserved() as f64
+        },
         device_allocs: t.device_allocs(),
         device_frees: t.device_frees(),
+        critical_path_device_calls: all_critical,
+        critical_path_device_calls_after_first_iteration: all_critical
+            - critical_at_first.unwrap_or(all_critical),
+        critical_path_device_us: t.device_time_us() - ahead_us,
+        ahead_device_calls: ahead_calls,
+        mean_fragmentation: if frag_span > 0.0 {
+            frag_time / frag_span
+        } else {
+            0.0
+        },
         max_fragmentation: max_frag,
         fragmentation_at_peak: frag_at_peak,
         events_per_sec: if wall > 0.0 {

@@ -18,7 +18,9 @@
 //!   `long memcast_stats(int device, char* buf, size_t len)` (into a caller buffer);
 //! - `int memcast_empty_cache(int device)`, `void memcast_reset(void)` (every device:
 //!   the hook for `torch.cuda.empty_cache`);
-//! - `int memcast_step(int device)`: an iteration boundary;
+//! - `int memcast_step(int device)`: an iteration boundary (predictive mode's forecaster
+//!   lines its steps up on it); predictive mode itself is a configuration key
+//!   (`predictive:true`, with `forecaster`, `model`, `horizon`, ...);
 //! - `int memcast_record_start(int device)`, `int memcast_record_stop(int device, const
 //!   char* path)`: the run as a `.mctrace` trace;
 //! - `long memcast_last_error(char* buf, size_t len)`.
@@ -236,8 +238,9 @@ pub extern "C" fn memcast_reset() {
     })
 }
 
-/// An iteration boundary on `device`: counted in the statistics (`steps`) and recorded
-/// in a recording. 0, or -1 when the device has no allocator yet.
+/// An iteration boundary on `device`: `Allocator::iteration_boundary` (predictive mode's
+/// forecaster restarts its steps there), counted in the statistics (`steps`) and
+/// recorded in a recording. 0, or -1 when the device has no allocator yet.
 #[no_mangle]
 pub extern "C" fn memcast_step(device: c_int) -> c_int {
     guard("memcast_step", PANIC, || {

@@ -221,8 +221,10 @@ impl Device {
         Ok(self.alloc.empty_cache()?)
     }
 
-    /// An iteration boundary: counted, recorded when recording.
+    /// An iteration boundary: the allocator's (predictive mode's forecaster restarts
+    /// its steps there; a no-op in reactive mode), counted, recorded when recording.
     pub fn step(&self) -> Result<(), TorchError> {
+        self.alloc.lock().iteration_boundary();
         let mut b = self.book();
         b.steps += 1;
         if let Some(r) = b.rec.as_mut() {
@@ -275,6 +277,7 @@ impl Device {
                 "failed_allocs": b.failed_allocs,
                 "failed_frees": b.failed_frees,
                 "device_calls": calls,
+                "predictive": cfg.predictive,
                 "config": cfg,
             });
             if let Some(e) = extra.as_object() {

@@ -213,14 +213,29 @@ def test_training_steps_and_a_recorded_trace(tmp_path):
 def test_predictive_goes_through_the_config_string():
     r = run(
         """
-        import json, memcast_torch as mt
+        import json, torch, memcast_torch as mt
+        mt.predictive(True)
+        mt.install()
+        m = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(),
+                                torch.nn.Linear(2048, 10)).cuda()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        x = torch.randn(512, 512, device="cuda"); t = torch.randint(0, 10, (512,), device="cuda")
+        losses = []
+        for i in range(30):
+            loss = torch.nn.functional.cross_entropy(m(x), t)
+            opt.zero_grad(); loss.backward(); opt.step()
+            losses.append(loss.item()); mt.step()
+        s = mt.stats()
         try:
-            mt.predictive(True)
-            msg = None
+            mt.predictive(False)
+            late = None
         except mt.MemcastError as e:
-            msg = str(e)
-        print(json.dumps({"msg": msg}))
+            late = str(e)
+        print(json.dumps({"predictive": s["predictive"], "steps": s["steps"],
+                          "forecasts_used": s["forecasts_used"], "first": losses[0],
+                          "last": losses[-1], "late": late}))
         """
     )
-    # This build has no predictive mode yet: the config string refuses the key clearly.
-    assert r["msg"] is None or "predictive" in r["msg"], r
+    assert r["predictive"] is True and r["steps"] == 30, r
+    assert r["last"] < r["first"]
+    assert r["late"] and "too late" in r["late"]

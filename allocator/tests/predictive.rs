@@ -1,0 +1,361 @@
+//! Predictive mode: the online path, forecasters that lie, model files that are wrong.
+//!
+//! - Programs of alloc / free / boundary run on a capped `host` device (real bytes,
+//!   stamped and verified) under adversarial forecasters (random, huge, zero, NaN,
+//!   stale, slow) with `check_invariants()` after every step; every request the
+//!   reactive allocator serves under the same cap, the predictive one serves too.
+//! - The steps the allocator's online path closes equal an independent computation
+//!   from the event list.
+
+use std::sync::{Arc, Mutex};
+
+use memcast_alloc::backend::host::HostBackend;
+use memcast_alloc::backend::layers::Limit;
+use memcast_alloc::backend::sim::SimBackend;
+use memcast_alloc::backend::{DeviceBackend, MemRef};
+use memcast_alloc::config::{Actions, AllocConfig};
+use memcast_alloc::{AllocError, Allocation, Allocator};
+use memcast_predictor::forecaster::Forecaster;
+use memcast_predictor::{Forecast, MAX_HORIZON};
+use memcast_trace::features::{
+    size_class, Step, StepFeaturizer, CHANNELS, CH_FREED, CH_PEAK, CH_TOTAL,
+};
+use proptest::prelude::*;
+
+const MIB: u64 = 1 << 20;
+
+/// Forecasters that lie in every way a broken model or a broken thread could.
+#[derive(Debug, Clone, Copy)]
+enum Liar {
+    Random(u64),
+    Huge,
+    Zero,
+    Nan,
+    /// The first forecast it made, forever.
+    Stale,
+    /// Correct-looking but slow: 200 us per step (on the service thread).
+    Slow,
+}
+
+struct Adversary {
+    kind: Liar,
+    first: Option<Forecast>,
+}
+
+impl Forecaster for Adversary {
+    fn name(&self) -> &'static str {
+        "adversary"
+    }
+    fn horizon(&self) -> usize {
+        5
+    }
+    fn forecast(&mut self, step: &Step, f: &StepFeaturizer, out: &mut Forecast) -> bool {
+        out.horizon = 5;
+        match self.kind {
+            Liar::Random(ref mut s) => {
+                for b in out.bytes.iter_mut() {
+                    for v in b.iter_mut() {
+                        *s ^= *s << 13;
+                        *s ^= *s >> 7;
+                        *s ^= *s << 17;
+                        *v = (*s % (1 << 40)) as f64;
+                    }
+                }
+            }
+            Liar::Huge => out.bytes = [[1e18; CHANNELS]; MAX_HORIZON],
+            Liar::Zero => out.bytes = [[0.0; CHANNELS]; MAX_HORIZON],
+            Liar::Nan => out.bytes = [[f64::NAN; CHANNELS]; MAX_HORIZON],
+            Liar::Stale => {
+                if self.first.is_none() {
+                    let mut g = *out;
+                    for (h, b) in g.bytes.iter_mut().enumerate() {
+                        *b = f.base_forecast(h + 1);
+                    }
+                    self.first = Some(g);
+                }
+                out.bytes = self.first.expect("set").bytes;
+            }
+            Liar::Slow => {
+                std::thread::sleep(std::time::Duration::from_micros(200));
+                for (h, b) in out.bytes.iter_mut().enumerate() {
+                    *b = f.base_forecast(h + 1);
+                }
+            }
+        }
+        let _ = step;
+        true
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc { bytes: u64 },
+    Free { pick: usize },
+    Boundary,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => prop_oneof![
+            3 => 1u64..(64 << 10),
+            3 => (64u64 << 10)..(4 * MIB),
+            2 => (4 * MIB)..(24 * MIB),
+        ].prop_map(|bytes| Op::Alloc { bytes }),
+        4 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        1 => Just(Op::Boundary),
+    ]
+}
+
+fn liar() -> impl Strategy<Value = Liar> {
+    prop_oneof![
+        any::<u64>().prop_map(|s| Liar::Random(s | 1)),
+        Just(Liar::Huge),
+        Just(Liar::Zero),
+        Just(Liar::Nan),
+        Just(Liar::Stale),
+        Just(Liar::Slow),
+    ]
+}
+
+fn stamp(a: &Allocation) -> Vec<u8> {
+    let n = a.size.min(32) as usize;
+    (0..n)
+        .map(|i| (a.ptr.0 as usize).wrapping_mul(31).wrapping_add(i) as u8)
+        .collect()
+}
+
+type Dev = Limit<HostBackend>;
+
+fn device(cap: u64) -> Dev {
+    Limit::new(HostBackend::new(cap), cap)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn lying_forecasts_cost_no_request_and_no_byte(
+        kind in liar(),
+        growable in any::<bool>(),
+        release in any::<bool>(),
+        ops in proptest::collection::vec(op(), 1..300),
+    ) {
+        let cap = 96 * MIB;
+        let cfg = AllocConfig {
+            growable_segments: growable,
+            predictive_actions: Actions { release, ..Actions::all() },
+            // The slow liar runs on the service thread, the others inline.
+            forecast_thread: matches!(kind, Liar::Slow),
+            ..AllocConfig::default()
+        };
+        let mut reactive = Allocator::new(device(cap), cfg.clone()).unwrap();
+        let mut pred = Allocator::with_forecaster(
+            device(cap),
+            cfg,
+            Box::new(Adversary { kind, first: None }),
+        )
+        .unwrap();
+        let mut live: Vec<(Allocation, Option<Allocation>)> = Vec::new();
+        for op in &ops {
+            match *op {
+                Op::Alloc { bytes } => {
+                    let r = reactive.allocate(bytes, 0);
+                    let p = pred.allocate(bytes, 0);
+                    match (&r, &p) {
+                        (Ok(_), Err(e)) => prop_assert!(false, "{kind:?}: reactive served {bytes}, predictive failed: {e}"),
+                        (Err(AllocError::OutOfMemory { .. }), _) => {}
+                        (Err(e), _) => prop_assert!(false, "unexpected error {e}"),
+                        _ => {}
+                    }
+                    if let Ok(a) = p {
+                        let s = stamp(&a);
+                        pred.backend_mut().write(MemRef::Device(a.ptr), &s).unwrap();
+                    }
+                    if let Ok(ra) = r {
+                        live.push((ra, p.ok()));
+                    } else if let Ok(a) = p {
+                        pred.deallocate(a, 0).unwrap();
+                    }
+                }
+                Op::Free { pick } if !live.is_empty() => {
+                    let (ra, pa) = live.swap_remove(pick % live.len());
+                    reactive.deallocate(ra, 0).unwrap();
+                    if let Some(a) = pa {
+                        let s = stamp(&a);
+                        let mut buf = vec![0u8; s.len()];
+                        pred.backend_mut().read(MemRef::Device(a.ptr), &mut buf).unwrap();
+                        prop_assert_eq!(buf, s, "bytes of a live allocation changed");
+                        pred.deallocate(a, 0).unwrap();
+                    }
+                }
+                Op::Free { .. } => {}
+                Op::Boundary => {
+                    reactive.iteration_boundary();
+                    pred.iteration_boundary();
+                }
+            }
+            pred.check_invariants().map_err(|e| TestCaseError::fail(format!("{kind:?}: {e}")))?;
+            prop_assert!(pred.backend().used() <= cap);
+        }
+        for (ra, pa) in live {
+            reactive.deallocate(ra, 0).unwrap();
+            if let Some(a) = pa {
+                pred.deallocate(a, 0).unwrap();
+            }
+        }
+        pred.check_invariants().unwrap();
+        prop_assert_eq!(pred.stats().requested.current, 0);
+    }
+}
+
+/// Records the steps the online path closes.
+struct Recorder(Arc<Mutex<Vec<[u64; CHANNELS]>>>);
+
+impl Forecaster for Recorder {
+    fn name(&self) -> &'static str {
+        "recorder"
+    }
+    fn horizon(&self) -> usize {
+        1
+    }
+    fn forecast(&mut self, step: &Step, _: &StepFeaturizer, _: &mut Forecast) -> bool {
+        self.0.lock().unwrap().push(step.values);
+        false
+    }
+}
+
+#[test]
+fn the_online_path_closes_the_steps_an_independent_count_gives() {
+    // A program with frees, boundaries and a burst within steps.
+    let mut prog = Vec::new();
+    let mut s = 12345u64;
+    for it in 0..5 {
+        prog.push(None);
+        for k in 0..(70 + it * 9) {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let bytes = match s % 4 {
+                0 => 512 + s % 4000,
+                1 => (1 + s % 16) * MIB,
+                _ => (64 << 10) + s % (2 * MIB),
+            };
+            prog.push(Some((bytes, k % 3 == 0)));
+        }
+    }
+    let steps = Arc::new(Mutex::new(Vec::new()));
+    let cfg = AllocConfig {
+        forecast_thread: false,
+        ..AllocConfig::default()
+    };
+    let mut a = Allocator::with_forecaster(
+        SimBackend::new(64 << 30, Default::default()),
+        cfg,
+        Box::new(Recorder(steps.clone())),
+    )
+    .unwrap();
+    let mut live = Vec::new();
+    // The independent count: steps of 16 allocations, closed early at a boundary.
+    let mut want: Vec<[u64; CHANNELS]> = Vec::new();
+    let (mut open, mut open_allocs, mut open_any) = ([0u64; CHANNELS], 0, false);
+    let (mut cur, mut start, mut peak) = (0u64, 0u64, 0u64);
+    let close = |open: &mut [u64; CHANNELS],
+                 start: &mut u64,
+                 peak: &mut u64,
+                 cur: u64,
+                 want: &mut Vec<_>| {
+        open[CH_PEAK] = *peak - *start;
+        want.push(*open);
+        *open = [0; CHANNELS];
+        *start = cur;
+        *peak = cur;
+    };
+    for p in &prog {
+        match *p {
+            None => {
+                a.iteration_boundary();
+                if open_any {
+                    close(&mut open, &mut start, &mut peak, cur, &mut want);
+                    open_allocs = 0;
+                    open_any = false;
+                }
+            }
+            Some((bytes, free_one)) => {
+                live.push(a.allocate(bytes, 0).unwrap());
+                cur += bytes;
+                peak = peak.max(cur);
+                open[size_class(bytes)] += bytes;
+                open[CH_TOTAL] += bytes;
+                open_allocs += 1;
+                open_any = true;
+                if open_allocs == 16 {
+                    close(&mut open, &mut start, &mut peak, cur, &mut want);
+                    open_allocs = 0;
+                    open_any = false;
+                }
+                if free_one {
+                    let x = live.swap_remove(live.len() / 2);
+                    a.deallocate(x, 0).unwrap();
+                    cur -= x.size;
+                    open[CH_FREED] += x.size;
+                    open_any = true;
+                }
+            }
+        }
+    }
+    // Everything handed over: a boundary flushes the last chunk.
+    a.iteration_boundary();
+    if open_any {
+        close(&mut open, &mut start, &mut peak, cur, &mut want);
+    }
+    let got = steps.lock().unwrap().clone();
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "step {i}");
+    }
+}
+
+#[test]
+fn a_missing_or_corrupt_model_is_an_error_naming_the_file() {
+    let dir = std::env::temp_dir().join(format!("memcast-model-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = dir.join("nope.safetensors");
+    let corrupt = dir.join("bad.safetensors");
+    std::fs::write(&corrupt, b"not a safetensors file").unwrap();
+    for path in [&missing, &corrupt] {
+        let cfg = AllocConfig::default()
+            .with_conf_string(&format!("predictive:true,model:{}", path.display()))
+            .unwrap();
+        let e = Allocator::new(SimBackend::new(1 << 30, Default::default()), cfg.clone())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&path.display().to_string()), "{e}");
+        // From the environment string: a warning and the reactive allocator.
+        let a =
+            Allocator::new_or_reactive(SimBackend::new(1 << 30, Default::default()), cfg).unwrap();
+        assert!(a.online().is_none());
+        assert!(!a.config().predictive);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    // The default model loads; unknown keys list the valid ones.
+    let cfg = AllocConfig::default()
+        .with_conf_string("predictive:true,horizon:4,predictive_actions:grow+release")
+        .unwrap();
+    let a = Allocator::new(SimBackend::new(1 << 30, Default::default()), cfg).unwrap();
+    let o = a.online().expect("predictive");
+    assert_eq!((o.forecaster(), o.horizon()), ("lstm", 4));
+    let e = AllocConfig::default()
+        .with_conf_string("predictiv:true")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("predictive_actions") && e.contains("min_block"),
+        "{e}"
+    );
+    assert!(AllocConfig::default()
+        .with_conf_string("predictive_actions:grow+teleport")
+        .is_err());
+    assert!(AllocConfig::default()
+        .with_conf_string("horizon:9")
+        .is_err());
+}
