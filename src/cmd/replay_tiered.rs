@@ -1,6 +1,7 @@
-//! `memcast replay <TRACE> --policy reactive --budget <BYTES|FRACTION> [--json]`: replays a
-//! trace under a device budget with spilling to host memory and prefetching back
-//! (`memcast_alloc::tier::replay_budgeted`). A budget too small for some step's working
+//! `memcast replay <TRACE> --policy memcast|predictive --budget <BYTES|FRACTION> [--json]`:
+//! replays a trace under a device budget with spilling to host memory and prefetching
+//! back (`memcast_alloc::tier::replay_budgeted`), with the reactive or the predictive
+//! tier policies. A budget too small for some step's working
 //! set prints the report and fails with the error naming the step and the bytes short.
 
 use anyhow::{bail, Context, Result};
@@ -11,47 +12,66 @@ use memcast_trace::stats::human_bytes;
 use super::{DeviceArg, PolicyArg, ReplayArgs};
 
 pub fn run(args: &ReplayArgs) -> Result<()> {
-    if !matches!(args.policy, PolicyArg::Reactive | PolicyArg::Memcast) {
-        bail!("--budget needs --policy memcast (or reactive: the same) or predictive");
-    }
     let Some(b) = &args.budget else {
         bail!("the tiered replay needs --budget");
     };
+    let policies = super::policies(args);
+    if let Some(p) = policies
+        .iter()
+        .find(|p| matches!(p, PolicyArg::Pytorch | PolicyArg::Naive))
+    {
+        bail!(
+            "--budget replays memcast's tiers (--policy memcast, reactive or predictive), not --policy {}",
+            p.name()
+        );
+    }
     let budget: Budget = b
         .parse()
         .map_err(|e: String| anyhow::anyhow!(e))
         .context("--budget")?;
     let trace = args.import.load(&args.trace)?;
-    let mut opts = TierReplayOptions {
-        budget,
-        device: match args.device {
-            DeviceArg::Sim => Device::Sim,
-            DeviceArg::Host => Device::Host,
-            DeviceArg::Cuda => Device::Cuda,
-        },
-        prefetch: !args.no_prefetch,
-        check_every: args.check_every,
-        ..Default::default()
-    };
     // Allocator settings: the tiered replay's defaults (fixed segments), then the
     // environment and --conf on top.
-    if let Ok(env) = std::env::var("MEMCAST_ALLOC_CONF") {
-        opts.alloc = opts
-            .alloc
-            .with_conf_string(&env)
-            .context("MEMCAST_ALLOC_CONF")?;
+    let alloc = super::alloc_config(args, TierReplayOptions::default().alloc)?;
+    let mut reports = Vec::new();
+    for p in &policies {
+        let opts = TierReplayOptions {
+            budget,
+            device: match args.device {
+                DeviceArg::Sim => Device::Sim,
+                DeviceArg::Host => Device::Host,
+                DeviceArg::Cuda => Device::Cuda,
+            },
+            prefetch: !args.no_prefetch,
+            check_every: args.check_every,
+            alloc: alloc.clone(),
+            predictive: (*p == PolicyArg::Predictive)
+                .then(|| (super::forecaster(args), alloc.predictive_actions)),
+            ..Default::default()
+        };
+        let report = replay_budgeted(&trace, &opts)
+            .with_context(|| format!("tiered replay of {} failed", args.trace.display()))?;
+        reports.push((p.name(), report));
     }
-    if let Some(c) = &args.conf {
-        opts.alloc = opts.alloc.with_conf_string(c).context("--conf")?;
-    }
-    let report = replay_budgeted(&trace, &opts)
-        .with_context(|| format!("tiered replay of {} failed", args.trace.display()))?;
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        if args.compare.is_empty() {
+            println!("{}", serde_json::to_string(&reports[0].1)?);
+        } else {
+            let obj: serde_json::Map<String, serde_json::Value> = reports
+                .iter()
+                .map(|(n, r)| Ok((n.to_string(), serde_json::to_value(r)?)))
+                .collect::<Result<_>>()?;
+            println!("{}", serde_json::Value::Object(obj));
+        }
     } else {
-        print_table(&report);
+        for (i, (_, r)) in reports.iter().enumerate() {
+            if i > 0 {
+                println!();
+            }
+            print_table(r);
+        }
     }
-    if let Some(e) = &report.error {
+    if let Some(e) = reports.iter().find_map(|(_, r)| r.error.as_ref()) {
         bail!("{e}");
     }
     Ok(())
@@ -60,8 +80,8 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
 fn print_table(r: &TierReport) {
     println!("trace              {}", r.trace);
     println!(
-        "policy             {} (prefetch: {}, access model: {:?})",
-        r.policy, r.prefetcher, r.access_model
+        "policy             {} (forecaster: {}, spill: {}, prefetch: {}, access model: {:?})",
+        r.policy, r.forecaster, r.spill_policy, r.prefetcher, r.access_model
     );
     println!(
         "budget             {} ({:.0}% of peak requested {})",
@@ -71,16 +91,27 @@ fn print_table(r: &TierReport) {
     );
     println!("completed          {} ({} OOM)", r.completed, r.ooms);
     println!("compute            {:.1} ms", r.compute_us / 1e3);
+    let modelled = if r.device == Device::Sim {
+        ""
+    } else {
+        "  (time is not modelled on this device)"
+    };
     println!(
-        "stall              {:.1} ms (transfers {:.1} ms), overhead {:.3}",
+        "stall              {:.1} ms (transfers {:.1} ms), overhead {:.3} (stall / compute){modelled}",
         r.stall_us / 1e3,
         r.transfer_stall_us / 1e3,
         r.stall_overhead
     );
     println!(
-        "spilled            {} in {} spills ({} on the OOM path, {} cancelled)",
+        "link-bound floor   {:.1} ms, overhead {:.3} (the excess over the budget out and back once per iteration at the pinned duplex bandwidth)",
+        r.link_floor_us / 1e3,
+        r.link_floor_overhead
+    );
+    println!(
+        "spilled            {} in {} spills ({} batches ahead of a forecast peak, {} on the OOM path, {} cancelled)",
         human_bytes(r.spilled_bytes),
         r.spills,
+        r.ahead_spills,
         r.sync_spills,
         r.cancelled_spills
     );

@@ -108,6 +108,11 @@ pub struct TierManager<B: DeviceBackend> {
     pub(crate) releasing: u64,
     pub(crate) done: Vec<Done>,
     pub(crate) plan: Vec<TensorHandle>,
+    /// Predictive tiers' demand forecast (`None`: reactive).
+    pub(crate) demand: Option<Box<super::predictive::Demand>>,
+    /// Bytes of every registered tensor, wherever it is.
+    // Invariant: == sum of the registry's bytes.
+    pub(crate) logical: u64,
 }
 
 impl<B: DeviceBackend> std::fmt::Debug for TierManager<B> {
@@ -154,6 +159,8 @@ impl<B: DeviceBackend> TierManager<B> {
             releasing: 0,
             done: Vec::new(),
             plan: Vec::new(),
+            demand: None,
+            logical: 0,
         })
     }
 
@@ -220,6 +227,7 @@ impl<B: DeviceBackend> TierManager<B> {
         };
         self.reg.get_mut(h)?.key = key;
         self.prefetch.on_alloc(key, bytes);
+        self.demand_alloc(bytes)?;
         self.run_prefetcher()?;
         self.debug_check();
         Ok(h)
@@ -291,6 +299,7 @@ impl<B: DeviceBackend> TierManager<B> {
     pub fn free(&mut self, h: TensorHandle) -> Result<(), TierError> {
         let e = self.reg.remove(h)?;
         self.prefetch.on_free(e.key, e.bytes);
+        let bytes = e.bytes;
         if e.prefetched_unused {
             self.stats.prefetch_wasted += 1;
         }
@@ -327,7 +336,7 @@ impl<B: DeviceBackend> TierManager<B> {
                 }
             }
         }
-        Ok(())
+        self.demand_free(bytes)
     }
 
     /// Waits for every transfer, frees every tensor, gives the pinned pool back and
@@ -353,6 +362,7 @@ impl<B: DeviceBackend> TierManager<B> {
         self.end_step();
         self.prefetch.on_iteration();
         self.ordinals.clear();
+        self.demand_boundary()?;
         self.run_prefetcher()
     }
 
@@ -630,7 +640,7 @@ impl<B: DeviceBackend> TierManager<B> {
         limit.saturating_sub(self.alloc.stats().allocated.current)
     }
 
-    fn run_prefetcher(&mut self) -> Result<(), TierError> {
+    pub(crate) fn run_prefetcher(&mut self) -> Result<(), TierError> {
         let headroom = self.prefetch_headroom();
         if headroom == 0 {
             return Ok(());

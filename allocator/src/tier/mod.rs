@@ -1,6 +1,7 @@
 //! Tiered memory: tensors move between device memory and host memory while the
-//! caller's handle stays valid (issue 5). Reactive form; predictive mode replaces the
-//! two policies, never the mechanisms.
+//! caller's handle stays valid. Reactive policies by default; predictive tiers
+//! ([`predictive`]) replace the policies and add a demand forecast, never the
+//! mechanisms.
 //!
 //! Tiers:
 //! - **hot**: device memory, from the crate's [`Allocator`](crate::Allocator) under a
@@ -24,6 +25,8 @@
 //! - [`manager`]: [`TierManager`], the mechanism tying these together
 //!   (`register` / `access` / `spill` / `prefetch` / `free`), with watermark and
 //!   out-of-memory handling in `pressure`;
+//! - [`predictive`]: the demand forecast, spills ahead of a forecast peak, victims by
+//!   predicted next use;
 //! - [`access`]: the access model for traces without reads (PyTorch snapshots);
 //! - [`replay`]: budgeted replay of a trace and its [`replay::TierReport`].
 //!
@@ -33,6 +36,7 @@
 pub mod access;
 pub mod handle;
 pub mod manager;
+pub mod predictive;
 pub mod prefetch;
 mod pressure;
 pub mod replay;

@@ -51,6 +51,11 @@ pub trait PrefetchPolicy: Send {
     /// Device-resident tensors this policy expects to be accessed soon; the manager
     /// spills them last. Default: none.
     fn upcoming(&self, _view: &dyn PrefetchView, _out: &mut Vec<TensorHandle>) {}
+    /// Operations (registrations, accesses, frees) until `key`'s next access, as far
+    /// as this policy can tell; `f64::INFINITY` when it cannot. Default: never.
+    fn next_use(&self, _key: TensorKey) -> f64 {
+        f64::INFINITY
+    }
     fn name(&self) -> &'static str;
 }
 
@@ -83,6 +88,8 @@ pub struct PreviousIterationOrder {
     prev: Vec<Logged>,
     /// Those of this iteration so far.
     cur: Vec<Logged>,
+    /// Per key, the positions in `prev` of its accesses (increasing), for `next_use`.
+    positions: std::collections::HashMap<TensorKey, Vec<u32>>,
     pub window: usize,
 }
 
@@ -91,6 +98,7 @@ impl PreviousIterationOrder {
         PreviousIterationOrder {
             prev: Vec::new(),
             cur: Vec::new(),
+            positions: std::collections::HashMap::new(),
             window,
         }
     }
@@ -111,6 +119,30 @@ impl PrefetchPolicy for PreviousIterationOrder {
 
     fn on_iteration(&mut self) {
         self.prev = std::mem::take(&mut self.cur);
+        self.positions.clear();
+        for (i, l) in self.prev.iter().enumerate() {
+            if let Logged::Access(k) = l {
+                self.positions.entry(*k).or_default().push(i as u32);
+            }
+        }
+    }
+
+    /// The previous iteration's next access of `key` after this iteration's position
+    /// (a binary search); for a persistent tensor with none left, its first access of
+    /// the next iteration.
+    fn next_use(&self, key: TensorKey) -> f64 {
+        let Some(pos) = self.positions.get(&key) else {
+            return f64::INFINITY;
+        };
+        let p = self.cur.len() as u32;
+        let i = pos.partition_point(|&x| x < p);
+        match (pos.get(i), key) {
+            (Some(&x), _) => f64::from(x - p),
+            (None, TensorKey::Persistent(_)) => {
+                (self.prev.len() as f64 - f64::from(p)).max(0.0) + f64::from(pos[0])
+            }
+            (None, TensorKey::Ordinal(_)) => f64::INFINITY,
+        }
     }
 
     fn plan(&mut self, view: &dyn PrefetchView, headroom: u64, out: &mut Vec<TensorHandle>) {

@@ -105,6 +105,7 @@ impl<B: DeviceBackend> TierManager<B> {
     ) -> Result<u64, TierError> {
         let warm_free = self.staging.free_bytes();
         let step = self.step;
+        let next_use = self.spill.reads_next_use();
         let cands: Vec<Candidate> = self
             .reg
             .iter()
@@ -122,6 +123,11 @@ impl<B: DeviceBackend> TierManager<B> {
                 recompute_prob: e.recompute_prob,
                 warm: e.bytes <= warm_free,
                 persistent: e.persistent,
+                next_use: if next_use {
+                    self.prefetch.next_use(e.key)
+                } else {
+                    f64::INFINITY
+                },
             })
             .collect();
         if cands.is_empty() {
@@ -265,6 +271,13 @@ impl<B: DeviceBackend> TierManager<B> {
                     f.id, f.handle
                 ));
             }
+        }
+        let logical: u64 = self.reg.iter().map(|(_, e)| e.bytes).sum();
+        if logical != self.logical {
+            return bad(format!(
+                "logical bytes {} counted, {logical} registered",
+                self.logical
+            ));
         }
         let requested = self.alloc.stats().requested.current;
         if device != requested {

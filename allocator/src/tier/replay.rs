@@ -34,9 +34,12 @@ use crate::replay::Device;
 use super::access::{ops, AccessModel, OpKind};
 use super::handle::TensorHandle;
 use super::manager::{TensorOpts, TierManager};
+use super::predictive::Demand;
 use super::prefetch::{NoPrefetch, PrefetchPolicy, PreviousIterationOrder};
-use super::spill::{LinkCost, LruK};
+use super::spill::{FarthestNextUse, LinkCost, LruK, SpillPolicy};
 use super::{TierConfig, TierError};
+use crate::config::Actions;
+use crate::replay::ReplayForecaster;
 
 /// A device budget: absolute bytes or a fraction of the trace's peak requested bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -104,6 +107,8 @@ pub struct TierReplayOptions {
     /// Largest working set of one step, as a fraction of the budget: a step that
     /// accesses more is split (see the module docs).
     pub max_step_fraction: f64,
+    /// Predictive tiers: the forecaster and the actions it drives (`None`: reactive).
+    pub predictive: Option<(ReplayForecaster, Actions)>,
 }
 
 impl Default for TierReplayOptions {
@@ -126,6 +131,7 @@ impl Default for TierReplayOptions {
             recompute_prob: 0.5,
             check_every: 0,
             max_step_fraction: 0.5,
+            predictive: None,
         }
     }
 }
@@ -135,6 +141,10 @@ impl Default for TierReplayOptions {
 pub struct TierReport {
     pub trace: String,
     pub policy: &'static str,
+    /// The demand forecaster of predictive tiers (`none` when reactive).
+    pub forecaster: &'static str,
+    /// The spill policy (`lru-k`, `farthest-next-use`) and the prefetcher.
+    pub spill_policy: &'static str,
     pub prefetcher: &'static str,
     pub device: Device,
     pub access_model: AccessModel,
@@ -149,8 +159,19 @@ pub struct TierReport {
     pub stall_us: f64,
     pub transfer_stall_us: f64,
     pub stall_overhead: f64,
+    /// The link-bound floor: the stall no policy can avoid if every byte above the
+    /// budget leaves and comes back once per iteration over the measured pinned
+    /// bandwidths, fully overlapped with compute and with the other direction:
+    /// `max(0, iterations x (peak - budget) / duplex bandwidth - compute)`, and as a
+    /// share of compute.
+    pub link_floor_us: f64,
+    pub link_floor_overhead: f64,
     pub spills: u64,
     pub spilled_bytes: u64,
+    /// Spills started ahead of a forecast peak (predictive tiers).
+    pub ahead_spills: u64,
+    /// Bytes recomputed instead of fetched (no policy recomputes yet: always 0).
+    pub recomputed_bytes: u64,
     pub prefetches: u64,
     pub prefetched_bytes: u64,
     pub prefetch_hits: u64,
@@ -162,16 +183,32 @@ pub struct TierReport {
     pub cancelled_spills: u64,
     pub sync_spills: u64,
     pub peak_reserved_bytes: u64,
+    /// `peak_reserved / peak_requested - 1` (under a budget, usually negative).
+    pub reserved_overhead: f64,
+    /// Reserved device bytes, time-weighted by compute time.
+    pub mean_reserved_bytes: f64,
     pub peak_allocated_bytes: u64,
     pub peak_host_bytes: u64,
     /// Device calls of the allocator (segment maps/unmaps) and its out-of-memory retries.
     pub device_allocs: u64,
     pub device_frees: u64,
+    /// Every allocator device call here is made inside a request (the allocator under
+    /// the tiers runs reactive), and the host time of device calls (stall beyond the
+    /// waits for transfers).
+    pub critical_path_device_calls: u64,
+    pub critical_path_device_us: f64,
+    /// Fragmentation of the device allocator, sampled every 256 operations,
+    /// time-weighted mean and max (instants with at least 1% of reserved bytes free).
+    pub mean_fragmentation: f64,
+    pub max_fragmentation: f64,
     pub alloc_oom_retries: u64,
     pub staging_bytes: u64,
     /// Setup time (pinned pool + static blocks), not in `stall_us`.
     pub setup_us: f64,
     pub operations: u64,
+    /// Trace events and static blocks replayed, and their rate.
+    pub events: u64,
+    pub events_per_sec: f64,
     pub wall_secs: f64,
 }
 
@@ -195,6 +232,7 @@ pub fn replay_budgeted(
     let budget = opts.budget.bytes(peak);
     let mut cfg = opts.tier.clone();
     cfg.budget = budget;
+
     if cfg.staging_bytes == 0 {
         // As much pinned memory as the trace's peak: a tensor in flight has a copy on
         // both sides, so what is on the host can exceed `peak - budget`; a smaller
@@ -238,14 +276,26 @@ fn run<B: DeviceBackend>(
     };
     let staging_bytes = cfg.staging_bytes;
     let budget = cfg.budget;
+    let lru = LruK { k: cfg.lru_k };
+    let spill: Box<dyn SpillPolicy> = match opts.predictive {
+        Some((_, a)) if a.spill => Box::new(FarthestNextUse { lru }),
+        _ => Box::new(lru),
+    };
+    let spill_policy = spill.name();
     let mut m = TierManager::with_policies(
         alloc,
         cfg.clone(),
-        Box::new(LruK { k: cfg.lru_k }),
+        spill,
         Box::new(LinkCost::default()),
         prefetch,
     )
     .map_err(TierReplayError::Setup)?;
+    if let Some((fk, actions)) = opts.predictive {
+        let forecaster = tier_forecaster(trace, fk, &opts.alloc)
+            .map_err(|e| TierReplayError::Setup(e.into()))?;
+        m.set_demand(Demand::new(forecaster, actions));
+    }
+    let forecaster = m.demand().map_or("none", |d| d.forecaster_name());
     let prefetcher = if opts.prefetch {
         "previous-iteration-order"
     } else {
@@ -265,6 +315,8 @@ fn run<B: DeviceBackend>(
     let mut setup_us = 0.0;
     let mut error = None;
     let mut n_ops = 0u64;
+    let (mut reserved_time, mut frag_time, mut frag_span) = (0.0f64, 0.0f64, 0.0f64);
+    let (mut last_frag, mut max_frag) = (None::<f64>, 0.0f64);
     let step_cap = (opts.max_step_fraction * budget as f64) as u64;
     let mut step_bytes = 0u64;
     let bytes_of: HashMap<u64, u64> = trace
@@ -364,6 +416,19 @@ fn run<B: DeviceBackend>(
             error = Some(format!("{}: {e}", where_(op.event)));
             break;
         }
+        if let OpKind::Advance(us) = op.kind {
+            reserved_time += m.allocator().stats().reserved.current as f64 * us as f64;
+            if let Some(f) = last_frag {
+                frag_time += f * us as f64;
+                frag_span += us as f64;
+            }
+        }
+        if n_ops.is_multiple_of(256) {
+            last_frag = fragmentation(m.allocator());
+            if let Some(f) = last_frag {
+                max_frag = max_frag.max(f);
+            }
+        }
         if opts.check_every > 0 && n_ops.is_multiple_of(opts.check_every) {
             m.check_invariants()
                 .map_err(|e| bad(op.event, e.to_string()))?;
@@ -379,10 +444,32 @@ fn run<B: DeviceBackend>(
     }
     let stall_us = m.backend().stall_us() - stall0.unwrap_or(setup_us);
     let s = m.stats().clone();
+    let (ahead_spills, _) = m
+        .demand()
+        .map_or((0, 0), |d| (d.ahead_spills, d.ahead_spilled_bytes));
     let a = m.allocator().stats();
+    let iterations = trace
+        .events
+        .iter()
+        .filter(|e| matches!(e.kind, memcast_trace::EventKind::IterationBoundary))
+        .count()
+        .saturating_sub(1)
+        .max(1) as f64;
+    // Pinned copies, both directions at once: the measured duplex total, halved.
+    let duplex = crate::backend::sim::CostModel::default().duplex_gbps / 2.0 * 1e3;
+    let link_us = iterations * peak.saturating_sub(budget) as f64 / duplex;
+    let link_floor_us = (link_us - compute_us).max(0.0);
+    let events = (trace.events.len() + trace.static_blocks.len()) as u64;
+    let wall_secs = wall.elapsed().as_secs_f64();
     Ok(TierReport {
         trace: trace.meta.name.clone(),
-        policy: "reactive",
+        policy: if opts.predictive.is_some() {
+            "predictive"
+        } else {
+            "reactive"
+        },
+        forecaster,
+        spill_policy,
         prefetcher,
         device: opts.device,
         access_model: model,
@@ -404,8 +491,16 @@ fn run<B: DeviceBackend>(
         } else {
             0.0
         },
+        link_floor_us,
+        link_floor_overhead: if compute_us > 0.0 {
+            link_floor_us / compute_us
+        } else {
+            0.0
+        },
         spills: s.spills,
         spilled_bytes: s.spilled_bytes,
+        ahead_spills,
+        recomputed_bytes: 0,
         prefetches: s.prefetches,
         prefetched_bytes: s.prefetched_bytes,
         prefetch_hits: s.prefetch_hits,
@@ -417,16 +512,100 @@ fn run<B: DeviceBackend>(
         cancelled_spills: s.cancelled_spills,
         sync_spills: s.sync_spills,
         peak_reserved_bytes: a.reserved.peak,
+        reserved_overhead: if peak == 0 {
+            0.0
+        } else {
+            a.reserved.peak as f64 / peak as f64 - 1.0
+        },
+        mean_reserved_bytes: if compute_us > 0.0 {
+            reserved_time / compute_us
+        } else {
+            a.reserved.current as f64
+        },
         peak_allocated_bytes: a.allocated.peak,
         peak_host_bytes: s.peak_host_bytes,
         device_allocs: a.device_allocs,
         device_frees: a.device_frees,
+        critical_path_device_calls: a.device_allocs + a.device_frees,
+        critical_path_device_us: (stall_us - s.transfer_stall_us).max(0.0),
+        mean_fragmentation: if frag_span > 0.0 {
+            frag_time / frag_span
+        } else {
+            0.0
+        },
+        max_fragmentation: max_frag,
         alloc_oom_retries: a.oom_retries,
         staging_bytes,
         setup_us,
         operations: n_ops,
-        wall_secs: wall.elapsed().as_secs_f64(),
+        events,
+        events_per_sec: if wall_secs > 0.0 {
+            events as f64 / wall_secs
+        } else {
+            0.0
+        },
+        wall_secs,
     })
+}
+
+/// `1 - largest free block / free bytes` of the allocator, or `None` when less than 1%
+/// of reserved bytes is free (the replay's rule).
+fn fragmentation<B: DeviceBackend>(a: &Allocator<B>) -> Option<f64> {
+    let (free, largest) = a.free_and_largest();
+    let reserved = a.stats().reserved.current;
+    if reserved == 0 || (free as f64) < 0.01 * reserved as f64 {
+        return None;
+    }
+    Some(1.0 - largest.min(free) as f64 / free as f64)
+}
+
+/// The demand forecaster of a predictive tiered replay. The oracle reads the events
+/// the manager will feed (registrations of non-empty tensors, their frees, the
+/// boundaries) from the trace.
+fn tier_forecaster(
+    trace: &Trace,
+    kind: ReplayForecaster,
+    alloc: &AllocConfig,
+) -> Result<Box<dyn memcast_predictor::Forecaster>, crate::error::AllocError> {
+    use memcast_predictor::forecaster::{encode_alloc, encode_free, BOUNDARY};
+    let mut cfg = alloc.clone();
+    cfg.forecaster = match kind {
+        ReplayForecaster::Oracle => {
+            let mut sizes = HashMap::new();
+            let mut codes = Vec::new();
+            for b in &trace.static_blocks {
+                if b.bytes > 0 {
+                    sizes.insert(b.id, b.bytes);
+                    codes.push(encode_alloc(b.bytes));
+                }
+            }
+            for e in &trace.events {
+                match e.kind {
+                    memcast_trace::EventKind::Alloc { id, bytes, .. } if bytes > 0 => {
+                        sizes.insert(id, bytes);
+                        codes.push(encode_alloc(bytes));
+                    }
+                    memcast_trace::EventKind::Free { id } => {
+                        if let Some(b) = sizes.remove(&id) {
+                            codes.push(encode_free(b));
+                        }
+                    }
+                    memcast_trace::EventKind::IterationBoundary => codes.push(BOUNDARY),
+                    _ => {}
+                }
+            }
+            let h = crate::predictive::horizon_of(&cfg, None);
+            return Ok(Box::new(crate::predictive::OracleForecaster::from_events(
+                &codes,
+                memcast_trace::features::StepConfig::default(),
+                h,
+            )));
+        }
+        ReplayForecaster::Lstm => crate::config::ForecasterKind::Lstm,
+        ReplayForecaster::Seasonal => crate::config::ForecasterKind::Seasonal,
+        ReplayForecaster::None => crate::config::ForecasterKind::None,
+    };
+    crate::predictive::forecaster_for(&cfg)
 }
 
 fn where_(event: Option<u64>) -> String {

@@ -31,6 +31,9 @@ pub struct Candidate {
     pub warm: bool,
     /// Persistent (parameters, optimizer state): read and written every iteration.
     pub persistent: bool,
+    /// Operations until its next access as the prefetch policy predicts it
+    /// (`f64::INFINITY`: unknown); filled only for policies that read it.
+    pub next_use: f64,
 }
 
 /// The cost of moving a tensor out and back, microseconds. Policies compare it across
@@ -51,6 +54,11 @@ pub trait SpillPolicy: Send {
         cost: &dyn MigrationCost,
     ) -> Vec<usize>;
     fn name(&self) -> &'static str;
+    /// True if this policy reads `Candidate::next_use` (the manager computes it only
+    /// then: a search per candidate).
+    fn reads_next_use(&self) -> bool {
+        false
+    }
 }
 
 /// `cost = bytes / D2H bandwidth + bytes / H2D bandwidth + recompute_us x recompute_prob`,
@@ -136,6 +144,46 @@ impl SpillPolicy for LruK {
     }
 }
 
+/// Belady's choice on the predicted future: the tensor whose next access is farthest
+/// goes first (its bytes are needed last, so the link has the longest to bring them
+/// back); tensors with no predicted access come first of all, ranked among themselves
+/// by LRU-K. With no prediction at all (every `next_use` infinite) this is LRU-K.
+#[derive(Debug, Clone, Default)]
+pub struct FarthestNextUse {
+    pub lru: LruK,
+}
+
+impl SpillPolicy for FarthestNextUse {
+    fn order(
+        &mut self,
+        cands: &[Candidate],
+        need: u64,
+        now_us: f64,
+        cost: &dyn MigrationCost,
+    ) -> Vec<usize> {
+        // LRU-K's order is the tie-break (and the whole order without predictions).
+        let lru = self.lru.order(cands, need, now_us, cost);
+        let mut rank = vec![0usize; cands.len()];
+        for (r, &i) in lru.iter().enumerate() {
+            rank[i] = r;
+        }
+        let mut out = lru;
+        out.sort_by(|&a, &b| {
+            cands[b]
+                .next_use
+                .total_cmp(&cands[a].next_use)
+                .then(rank[a].cmp(&rank[b]))
+        });
+        out
+    }
+    fn name(&self) -> &'static str {
+        "farthest-next-use"
+    }
+    fn reads_next_use(&self) -> bool {
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,7 +199,27 @@ mod tests {
             recompute_prob: 0.0,
             warm,
             persistent: false,
+            next_use: f64::INFINITY,
         }
+    }
+
+    #[test]
+    fn farthest_next_use_goes_first_and_lru_breaks_ties() {
+        let mut cs = [
+            cand(0, 1 << 20, &[90.0, 80.0], true),
+            cand(1, 1 << 20, &[95.0], true),
+            cand(2, 1 << 20, &[99.0, 10.0], true),
+            cand(3, 1 << 20, &[50.0], true),
+        ];
+        // No predictions: LRU-K's order.
+        let lc = LinkCost::default();
+        let mut p = FarthestNextUse::default();
+        assert_eq!(p.order(&cs, 0, 100.0, &lc), vec![3, 1, 2, 0]);
+        cs[0].next_use = 500.0;
+        cs[2].next_use = 10.0;
+        cs[3].next_use = 40.0;
+        // 1 has no predicted use (first), then 0 (500), 3 (40), 2 (10).
+        assert_eq!(p.order(&cs, 0, 100.0, &lc), vec![1, 0, 3, 2]);
     }
 
     #[test]
