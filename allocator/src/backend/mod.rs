@@ -31,6 +31,7 @@
 //!   this returns `false` from [`DeviceBackend::supports_growable`].
 
 pub mod cuda;
+mod cuda_host;
 mod cuda_kernels;
 pub mod cuda_stats;
 mod cuda_vmm;
