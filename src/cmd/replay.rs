@@ -1,4 +1,4 @@
-//! `memcast replay <TRACE> --policy memcast|predictive|pytorch|naive [--device sim|host]
+//! `memcast replay <TRACE> --policy memcast|predictive|pytorch|naive [--device sim|host|cuda]
 //! [--json]`: replays a trace (PyTorch snapshot, native, synthetic) through an allocator
 //! policy and prints its metrics (`memcast_alloc::replay`); `--compare a,b,...` replays
 //! several policies and prints them side by side (one JSON object keyed by policy).
@@ -17,6 +17,9 @@ use memcast_trace::stats::human_bytes;
 // `--budget B`: the tiered replay (spill and prefetch), in its own file.
 #[path = "replay_tiered.rs"]
 mod tiered;
+// `--device cuda`: the measured device calls beside the sim's costs, in its own file.
+#[path = "replay_cuda.rs"]
+mod cuda;
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PolicyArg {
@@ -67,6 +70,9 @@ pub enum DeviceArg {
     Sim,
     /// Real host memory (pages are touched only when written).
     Host,
+    /// A real NVIDIA GPU (device 0) through the CUDA driver: real device calls,
+    /// measured latencies beside the sim's costs.
+    Cuda,
 }
 
 #[derive(clap::Args)]
@@ -226,6 +232,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             device: match args.device {
                 DeviceArg::Sim => Device::Sim,
                 DeviceArg::Host => Device::Host,
+                DeviceArg::Cuda => Device::Cuda,
             },
             config: config.clone(),
             check_every: args.check_every,
@@ -308,4 +315,5 @@ fn print_table(r: &ReplayReport) {
         r.critical_path_device_us / 1e3
     );
     println!("replay speed      {:.2} M events/s", r.events_per_sec / 1e6);
+    cuda::print_calls(r);
 }

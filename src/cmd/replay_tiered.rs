@@ -40,6 +40,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
             device: match args.device {
                 DeviceArg::Sim => Device::Sim,
                 DeviceArg::Host => Device::Host,
+                DeviceArg::Cuda => Device::Cuda,
             },
             prefetch: !args.no_prefetch,
             check_every: args.check_every,

@@ -12,7 +12,8 @@
 //! once (like `cuMemAddressReserve`); `grow`/`shrink` only move the accessible limit,
 //! which every read, write and copy checks.
 //!
-//! All `unsafe` of this crate is in this file; each block says why it is sound.
+//! `unsafe` here and in the CUDA backend (`cuda.rs`, `cuda_host.rs`, `cuda_vmm.rs`,
+//! `cuda_kernels.rs`); each block says why it is sound.
 
 use std::alloc::Layout;
 use std::collections::BTreeMap;

@@ -14,7 +14,8 @@
 //!   laptop); every call advances a simulated clock by the H200 costs measured in
 //!   `shared/traces/h200_limits.md`, and streams have timelines so that asynchronous
 //!   copies overlap compute.
-//! - a CUDA backend (cudarc) is a later issue; the trait already has what it needs.
+//! - [`cuda::CudaBackend`]: an NVIDIA GPU through the CUDA driver API (cudarc, loaded
+//!   at run time; `BackendError::NoDriver` where there is no driver). See docs/cuda.md.
 //!
 //! Adaptors that add one behaviour each and compose over any backend (RMM's layering):
 //! [`layers::Counting`] (call counts and bytes), [`layers::Limit`] (a byte budget),
@@ -29,6 +30,11 @@
 //!   is always a multiple of [`DeviceBackend::granularity`]. A backend that cannot do
 //!   this returns `false` from [`DeviceBackend::supports_growable`].
 
+pub mod cuda;
+mod cuda_host;
+mod cuda_kernels;
+pub mod cuda_stats;
+mod cuda_vmm;
 pub mod host;
 pub mod layers;
 pub mod sim;
@@ -102,6 +108,16 @@ pub enum BackendError {
     Unsupported(&'static str),
     #[error("injected failure: {0}")]
     Injected(String),
+    /// The CUDA driver library could not be loaded (no GPU driver on this machine).
+    #[error("no CUDA driver found")]
+    NoDriver,
+    /// A CUDA driver call failed (other than out of memory).
+    #[error("{call} failed: {message} (CUDA error {code})")]
+    Driver {
+        call: &'static str,
+        code: u32,
+        message: String,
+    },
 }
 
 impl BackendError {

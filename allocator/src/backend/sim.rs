@@ -13,9 +13,12 @@
 //!   `latency + bytes / bandwidth`; H2D and D2H are separate links (so both directions
 //!   overlap: the measured 102 GB/s duplex is ~2 x 51), D2D and H2H have their own.
 //! - an event completes at the `ready` time of its stream when recorded.
-//! - growable segments: mapping `n` bytes costs what `cudaMalloc(n)` costs and
-//!   unmapping what `cudaFree(n)` costs (the VMM calls were not measured; this is the
-//!   documented assumption).
+//! - growable segments: mapping costs `map_page_us` per page of the granularity (2 MiB)
+//!   and unmapping `unmap_page_us` per page, the figures measured on the H200 with the
+//!   CUDA backend (docs/cuda.md: `cuMemCreate` + `cuMemMap` per page, `cuMemUnmap` +
+//!   `cuMemRelease` per page). Before that measurement the sim charged `cudaMalloc(n)`
+//!   / `cudaFree(n)` for `n` bytes, which is right for one page and 12x (32 MiB) to 86x
+//!   (256 MiB) too cheap for larger growths.
 
 use std::collections::HashMap;
 
@@ -57,6 +60,25 @@ pub struct CostModel {
     /// directions are busy, each copy gets at most half of it (added for the tiers).
     #[serde(default)]
     pub duplex_gbps: f64,
+    /// Growable segments: host time to map one page (2 MiB), microseconds
+    /// (`cuMemCreate` + `cuMemMap`, `cuMemSetAccess` amortized), measured with the CUDA
+    /// backend on the H200.
+    #[serde(default = "default_map_page_us")]
+    pub map_page_us: f64,
+    /// Growable segments: host time to unmap one page (`cuMemUnmap` + `cuMemRelease`),
+    /// microseconds, measured likewise (the synchronization before it is not included).
+    #[serde(default = "default_unmap_page_us")]
+    pub unmap_page_us: f64,
+}
+
+/// Mean per page of two H200 machines (docs/cuda.md): 52-57 us and 37-40 us.
+fn default_map_page_us() -> f64 {
+    47.0
+}
+
+/// Mean per page of two H200 machines (docs/cuda.md): 41-46 us and 28-31 us.
+fn default_unmap_page_us() -> f64 {
+    36.0
 }
 
 impl Default for CostModel {
@@ -97,6 +119,8 @@ impl CostModel {
             copy_latency_us: 2.0,
             event_us: 0.5,
             duplex_gbps: 102.0,
+            map_page_us: default_map_page_us(),
+            unmap_page_us: default_unmap_page_us(),
         }
     }
 
@@ -372,7 +396,7 @@ impl DeviceBackend for SimBackend {
                 "grow of {base}: mapped {mapped} (backend has {m}), add {add}, max {max}"
             )));
         }
-        let cost = self.cost.malloc_us(add);
+        let cost = self.cost.map_page_us * (add / g).max(1) as f64;
         self.block(cost);
         if add > self.capacity - self.used {
             return Err(self.oom(add));
@@ -393,7 +417,7 @@ impl DeviceBackend for SimBackend {
             )));
         }
         self.sync_device();
-        let cost = self.cost.free_us(release);
+        let cost = self.cost.unmap_page_us * (release / self.granularity()).max(1) as f64;
         self.block(cost);
         self.used -= release;
         self.growable.insert(base.0, (max, mapped - release));

@@ -19,6 +19,7 @@
 //!   `fragmentation_at_peak` is the value when reserved peaked;
 //! - `events_per_sec`: events (static blocks included) over the wall time of the loop.
 
+pub mod cuda;
 pub mod naive;
 pub mod pytorch;
 #[cfg(test)]
@@ -124,6 +125,8 @@ impl std::str::FromStr for Policy {
 pub enum Device {
     Sim,
     Host,
+    /// A real NVIDIA GPU (device 0) through the CUDA driver ([`cuda`]).
+    Cuda,
 }
 
 impl std::str::FromStr for Device {
@@ -132,7 +135,8 @@ impl std::str::FromStr for Device {
         match s {
             "sim" => Ok(Device::Sim),
             "host" => Ok(Device::Host),
-            _ => Err(format!("unknown device {s:?} (sim, host)")),
+            "cuda" => Ok(Device::Cuda),
+            _ => Err(format!("unknown device {s:?} (sim, host, cuda)")),
         }
     }
 }
@@ -232,6 +236,9 @@ pub enum ReplayError {
     },
     #[error("event {index}: {what}")]
     Trace { index: u64, what: String },
+    /// The device could not be opened (`--device cuda` without a driver, ...).
+    #[error(transparent)]
+    Device(crate::backend::BackendError),
     /// The allocator failed during the modelled warm-up ([`warmup`]) at trace event
     /// `index`.
     #[error("warm-up, event {index}")]
@@ -347,6 +354,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, Repla
     }
     let opts = &o;
     let r = match (opts.policy, opts.device) {
+        (_, Device::Cuda) => cuda::replay(trace, opts)?,
         (Policy::Memcast, Device::Sim) => {
             let b = SimBackend::new(opts.sim_capacity, Default::default());
             let a = Allocator::new(b, opts.config.clone())

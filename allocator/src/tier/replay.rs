@@ -253,6 +253,11 @@ pub fn replay_budgeted(
             let b = Limit::new(HostBackend::new(budget), budget);
             run(trace, b, cfg, opts, peak)
         }
+        Device::Cuda => {
+            let b = crate::backend::cuda::CudaBackend::new(0)
+                .map_err(|e| TierReplayError::Setup(crate::AllocError::from(e).into()))?;
+            run(trace, Limit::new(b, budget), cfg, opts, peak)
+        }
     }
 }
 

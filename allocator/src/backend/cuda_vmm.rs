@@ -1,0 +1,246 @@
+//! Growable segments of [`CudaBackend`] on CUDA virtual memory (what PyTorch calls
+//! expandable segments).
+//!
+//! - reserve: `cuMemAddressReserve` once, for at most the device's memory (rounded up
+//!   to the granularity): more could never be mapped;
+//! - grow: per page (the driver's granularity, `cuMemGetAllocationGranularity`, 2 MiB on
+//!   an H200, or a larger page set with `set_page_size`) one `cuMemCreate` + `cuMemMap`,
+//!   then one `cuMemSetAccess` over the new
+//!   range. A page that fails (out of memory) unmaps and releases the pages this call
+//!   created: the segment is as it was;
+//! - shrink: `cuCtxSynchronize` first (work queued on any stream may still use the
+//!   pages; unmapping is not ordered with it), then `cuMemUnmap` + `cuMemRelease` per
+//!   page from the end;
+//! - release: shrink to nothing, then `cuMemAddressFree`.
+//!
+//! One physical allocation per page (not per growth) so that any suffix can be given
+//! back; the cost is one create + map per 2 MiB (measured in docs/cuda.md).
+
+use cudarc::driver::sys;
+
+use super::cuda::{check, driver_error, CudaBackend, Growable};
+use super::cuda_stats::CallKind;
+use super::{BackendError, DevicePtr};
+
+impl CudaBackend {
+    fn prop(&self) -> sys::CUmemAllocationProp {
+        // SAFETY: CUmemAllocationProp is a plain C struct for which all-zero bytes are
+        // valid (null pointer, zero enums/flags: the documented defaults).
+        let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        p.location.id = self.dev;
+        p
+    }
+
+    pub(super) fn query_granularity(&self) -> Result<u64, BackendError> {
+        let prop = self.prop();
+        let mut g: usize = 0;
+        // SAFETY: library loaded, context current (called from `new`); `prop` and `g`
+        // are live locals.
+        check("cuMemGetAllocationGranularity", unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut g,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        })?;
+        if g == 0 || !g.is_power_of_two() {
+            return Err(BackendError::Invalid(format!(
+                "driver granularity {g} is not a power of two"
+            )));
+        }
+        Ok(g as u64)
+    }
+
+    fn segment(&self, base: DevicePtr) -> Result<&Growable, BackendError> {
+        self.growable
+            .get(&base.0)
+            .ok_or_else(|| BackendError::Invalid(format!("unknown growable segment {base}")))
+    }
+
+    pub(super) fn vmm_reserve(&mut self, max_bytes: u64) -> Result<DevicePtr, BackendError> {
+        let g = self.granularity;
+        let cap = crate::backend::DeviceBackend::capacity(self).next_multiple_of(g);
+        let max = max_bytes.next_multiple_of(g).min(cap);
+        if max == 0 {
+            return Err(BackendError::Invalid("zero-size growable segment".into()));
+        }
+        self.bind()?;
+        let mut base: sys::CUdeviceptr = 0;
+        // SAFETY: library loaded, context current; `base` is a live local. Reserving
+        // address space maps no memory.
+        check("cuMemAddressReserve", unsafe {
+            sys::cuMemAddressReserve(&mut base, max as usize, g as usize, 0, 0)
+        })?;
+        self.growable.insert(
+            base,
+            Growable {
+                max,
+                pages: Vec::new(),
+            },
+        );
+        Ok(DevicePtr(base))
+    }
+
+    pub(super) fn vmm_grow(
+        &mut self,
+        base: DevicePtr,
+        mapped: u64,
+        add: u64,
+    ) -> Result<(), BackendError> {
+        let g = self.granularity;
+        let seg = self.segment(base)?;
+        let have = seg.pages.len() as u64 * g;
+        if have != mapped || add == 0 || !add.is_multiple_of(g) {
+            return Err(BackendError::Invalid(format!(
+                "grow of {base}: mapped {mapped} (backend has {have}), add {add} (granularity {g})"
+            )));
+        }
+        if mapped + add > seg.max {
+            return Err(BackendError::OutOfMemory {
+                requested: add,
+                available: seg.max - mapped,
+            });
+        }
+        self.bind()?;
+        let n = (add / g) as usize;
+        let prop = self.prop();
+        let (ordinal, start) = (self.ordinal, base.0 + mapped);
+        let r = self.timed(CallKind::Map, add, n as u32, |_| {
+            let mut made: Vec<sys::CUmemGenericAllocationHandle> = Vec::with_capacity(n);
+            let undo = |made: &[sys::CUmemGenericAllocationHandle], mapped_too: usize| {
+                for (i, h) in made.iter().enumerate() {
+                    // SAFETY: pages this call created (and mapped, for the first
+                    // `mapped_too`); undone once, nothing used them yet.
+                    unsafe {
+                        if i < mapped_too {
+                            let _ = sys::cuMemUnmap(start + i as u64 * g, g as usize);
+                        }
+                        let _ = sys::cuMemRelease(*h);
+                    }
+                }
+            };
+            for i in 0..n {
+                let mut h: sys::CUmemGenericAllocationHandle = 0;
+                // SAFETY: library loaded, context current; `h` and `prop` are live.
+                let r = unsafe { sys::cuMemCreate(&mut h, g as usize, &prop, 0) };
+                if r != super::cuda::OK {
+                    undo(&made, made.len());
+                    return Err(r);
+                }
+                // SAFETY: `[start + i*g, +g)` lies inside the reserved range (checked
+                // against `max` above) and is not mapped (pages are mapped in order
+                // and `mapped` matched the segment's page count); `h` is a fresh
+                // allocation of exactly `g` bytes.
+                let r = unsafe { sys::cuMemMap(start + i as u64 * g, g as usize, 0, h, 0) };
+                if r != super::cuda::OK {
+                    // SAFETY: `h` was created above and never mapped.
+                    unsafe {
+                        let _ = sys::cuMemRelease(h);
+                    }
+                    undo(&made, made.len());
+                    return Err(r);
+                }
+                made.push(h);
+            }
+            // SAFETY: CUmemAccessDesc is a plain C struct (all-zero is valid); the
+            // range `[start, start+add)` was mapped just above.
+            let r = unsafe {
+                let mut desc: sys::CUmemAccessDesc = std::mem::zeroed();
+                desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+                desc.location.id = ordinal;
+                desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+                sys::cuMemSetAccess(start, add as usize, &desc, 1)
+            };
+            if r != super::cuda::OK {
+                undo(&made, made.len());
+                return Err(r);
+            }
+            Ok(made)
+        });
+        match r {
+            Ok(made) => {
+                self.growable
+                    .get_mut(&base.0)
+                    .expect("checked above")
+                    .pages
+                    .extend(made);
+                self.used += add;
+                Ok(())
+            }
+            Err(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) => Err(self.oom(add)),
+            Err(r) => Err(driver_error("cuMemCreate/cuMemMap/cuMemSetAccess", r)),
+        }
+    }
+
+    pub(super) fn vmm_shrink(
+        &mut self,
+        base: DevicePtr,
+        mapped: u64,
+        release: u64,
+    ) -> Result<(), BackendError> {
+        let g = self.granularity;
+        let seg = self.segment(base)?;
+        let have = seg.pages.len() as u64 * g;
+        if have != mapped || release > mapped || !release.is_multiple_of(g) {
+            return Err(BackendError::Invalid(format!(
+                "shrink of {base}: mapped {mapped} (backend has {have}), release {release}"
+            )));
+        }
+        if release == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let n = (release / g) as usize;
+        let keep = seg.pages.len() - n;
+        let handles: Vec<_> = seg.pages[keep..].to_vec();
+        let from = base.0 + keep as u64 * g;
+        let r = self.timed(CallKind::Unmap, release, n as u32, |_| {
+            // SAFETY: library loaded, context current. The synchronization makes sure
+            // no queued work still reads or writes the pages; each page
+            // `[from + i*g, +g)` was mapped by `vmm_grow` to `handles[i]`, and is
+            // unmapped and released once (dropped from the segment below).
+            unsafe {
+                let r = sys::cuCtxSynchronize();
+                if r != super::cuda::OK {
+                    return Err(("cuCtxSynchronize", r));
+                }
+                for (i, h) in handles.iter().enumerate() {
+                    let r = sys::cuMemUnmap(from + i as u64 * g, g as usize);
+                    if r != super::cuda::OK {
+                        return Err(("cuMemUnmap", r));
+                    }
+                    let r = sys::cuMemRelease(*h);
+                    if r != super::cuda::OK {
+                        return Err(("cuMemRelease", r));
+                    }
+                }
+            }
+            Ok(())
+        });
+        // Pages are dropped from the segment only when all of them were given back; a
+        // driver failure here is a broken context, reported as is.
+        r.map_err(|(call, r)| driver_error(call, r))?;
+        self.growable
+            .get_mut(&base.0)
+            .expect("checked above")
+            .pages
+            .truncate(keep);
+        self.used -= release;
+        Ok(())
+    }
+
+    pub(super) fn vmm_release(&mut self, base: DevicePtr, mapped: u64) -> Result<(), BackendError> {
+        self.vmm_shrink(base, mapped, mapped)?;
+        let max = self.segment(base)?.max;
+        self.bind()?;
+        // SAFETY: the range was reserved by `vmm_reserve` with exactly `max` bytes and
+        // nothing in it is mapped any more; it is forgotten below (freed once).
+        check("cuMemAddressFree", unsafe {
+            sys::cuMemAddressFree(base.0, max as usize)
+        })?;
+        self.growable.remove(&base.0);
+        Ok(())
+    }
+}

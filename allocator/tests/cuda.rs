@@ -1,0 +1,509 @@
+//! Tests of the CUDA backend.
+//!
+//! Design: every test runs everywhere. Where `CudaBackend::new` says there is no driver
+//! (this development machine, CI), `no_driver_is_a_typed_error` checks the error and
+//! every GPU test prints "skipped: no CUDA driver found" and passes. On the GPU machine
+//! `scripts/gpu-tests.sh` sets `MEMCAST_REQUIRE_GPU=1`: then a missing driver fails the
+//! GPU tests instead of skipping them, so a broken setup cannot pass silently. Run them
+//! one at a time (`--test-threads=1`): the timing tests measure the whole GPU.
+//! `MEMCAST_CUDA_REPORT=FILE` appends the measured figures as JSON lines.
+
+use std::io::Write;
+use std::time::Instant;
+
+use memcast_alloc::backend::cuda::CudaBackend;
+use memcast_alloc::backend::layers::Limit;
+use memcast_alloc::backend::{BackendError, DeviceBackend, MemRef, StreamPriority};
+use memcast_alloc::{AllocConfig, AllocError, Allocator};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(BackendError::NoDriver) if std::env::var_os("MEMCAST_REQUIRE_GPU").is_none() => {
+            eprintln!("skipped: no CUDA driver found");
+            None
+        }
+        Err(e) => panic!("CUDA backend unavailable: {e}"),
+    }
+}
+
+fn report(name: &str, v: serde_json::Value) {
+    let line = serde_json::json!({ "test": name, "figures": v });
+    println!("{line}");
+    if let Some(p) = std::env::var_os("MEMCAST_CUDA_REPORT") {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
+/// A deterministic generator (xorshift64*), so that a failing program can be rerun.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[test]
+fn no_driver_is_a_typed_error() {
+    match CudaBackend::new(0) {
+        Err(e @ BackendError::NoDriver) => {
+            assert_eq!(e.to_string(), "no CUDA driver found");
+            // Through the allocator's error type the text is the same.
+            assert_eq!(AllocError::from(e).to_string(), "no CUDA driver found");
+        }
+        Err(e) => panic!("expected NoDriver or a backend, got {e}"),
+        Ok(b) => {
+            assert_eq!(b.name(), "cuda");
+            assert!(b.capacity() > 0 && b.granularity().is_power_of_two());
+            // A device that does not exist is an error, not a panic.
+            assert!(matches!(
+                CudaBackend::new(1 << 20),
+                Err(BackendError::Invalid(_))
+            ));
+        }
+    }
+}
+
+/// Pattern of allocation `id` at byte `i`.
+fn pat(id: u64, i: usize) -> u8 {
+    (id as usize * 131 + i * 7) as u8
+}
+
+/// Writes the first and last (up to) 4 KiB of an allocation (the last only when it does
+/// not overlap the first).
+fn stamp<B: DeviceBackend>(a: &mut Allocator<B>, ptr: u64, size: u64, id: u64) {
+    let n = size.min(4096) as usize;
+    let head: Vec<u8> = (0..n).map(|i| pat(id, i)).collect();
+    let b = a.backend_mut();
+    b.write(MemRef::Device(memcast_alloc::DevicePtr(ptr)), &head)
+        .unwrap();
+    if size >= 2 * n as u64 {
+        let tail: Vec<u8> = (0..n).map(|i| pat(id ^ 0xff, i)).collect();
+        b.write(
+            MemRef::Device(memcast_alloc::DevicePtr(ptr + size - n as u64)),
+            &tail,
+        )
+        .unwrap();
+    }
+}
+
+fn verify<B: DeviceBackend>(a: &mut Allocator<B>, ptr: u64, size: u64, id: u64) {
+    let n = size.min(4096) as usize;
+    let mut out = vec![0u8; n];
+    let b = a.backend_mut();
+    b.read(MemRef::Device(memcast_alloc::DevicePtr(ptr)), &mut out)
+        .unwrap();
+    assert!(
+        out.iter().enumerate().all(|(i, &v)| v == pat(id, i)),
+        "allocation {id} at {ptr:#x} ({size} B): head corrupted"
+    );
+    if size >= 2 * n as u64 {
+        b.read(
+            MemRef::Device(memcast_alloc::DevicePtr(ptr + size - n as u64)),
+            &mut out,
+        )
+        .unwrap();
+        assert!(
+            out.iter().enumerate().all(|(i, &v)| v == pat(id ^ 0xff, i)),
+            "allocation {id} at {ptr:#x} ({size} B): tail corrupted"
+        );
+    }
+}
+
+/// Random programs of allocations and frees on two streams over real device memory:
+/// every allocation is stamped with its own pattern and checked when freed, so any
+/// overlap between live allocations is caught; the invariants hold throughout.
+fn property_program(cfg: AllocConfig, seed: u64, ops: usize) {
+    let Some(b) = gpu() else { return };
+    let mut a = Allocator::new(b, cfg).unwrap();
+    let s1 = a.create_stream(StreamPriority::Normal).unwrap();
+    let mut rng = Rng(seed);
+    let mut live: Vec<(memcast_alloc::Allocation, u32, u64)> = Vec::new();
+    for op in 0..ops as u64 {
+        if live.is_empty() || rng.below(100) < 55 {
+            // Sizes from 1 B to 64 MiB, most of them small, as in training.
+            let size = match rng.below(10) {
+                0..=5 => 1 + rng.below(64 << 10),
+                6..=8 => 1 + rng.below(8 * MIB),
+                _ => 1 + rng.below(64 * MIB),
+            };
+            let stream = if rng.below(4) == 0 { s1 } else { 0 };
+            let al = a.allocate(size, stream).unwrap();
+            assert_eq!(al.ptr.0 % 256, 0);
+            stamp(&mut a, al.ptr.0, size, op);
+            live.push((al, stream, op));
+        } else {
+            let i = rng.below(live.len() as u64) as usize;
+            let (al, stream, id) = live.swap_remove(i);
+            verify(&mut a, al.ptr.0, al.size, id);
+            a.deallocate(al, stream).unwrap();
+        }
+        if op % 64 == 0 {
+            a.check_invariants().unwrap();
+            assert_eq!(a.stats().reserved.current, a.backend().used());
+        }
+    }
+    for (al, stream, id) in live.drain(..) {
+        verify(&mut a, al.ptr.0, al.size, id);
+        a.deallocate(al, stream).unwrap();
+    }
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().requested.current, 0);
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().reserved.current, a.backend().used());
+}
+
+#[test]
+fn property_programs_on_growable_segments() {
+    for seed in [1, 2, 3] {
+        property_program(AllocConfig::default(), seed, 1500);
+    }
+}
+
+#[test]
+fn property_programs_on_fixed_segments() {
+    let cfg = AllocConfig::default()
+        .with_conf_string("growable_segments:false")
+        .unwrap();
+    for seed in [4, 5] {
+        property_program(cfg.clone(), seed, 1500);
+    }
+}
+
+#[test]
+fn growable_segment_grows_and_releases() {
+    let Some(mut b) = gpu() else { return };
+    let g = b.granularity();
+    let base = b.reserve_growable(8 * GIB).unwrap();
+    assert_eq!(b.used(), 0);
+    // Nothing is mapped yet: access is refused before it reaches the device.
+    assert!(b.write(MemRef::Device(base), &[1]).is_err());
+    let (free0, _) = b.mem_info().unwrap();
+    b.grow(base, 0, 64 * MIB).unwrap();
+    b.grow(base, 64 * MIB, 2 * g).unwrap();
+    let mapped = 64 * MIB + 2 * g;
+    assert_eq!(b.used(), mapped);
+    let (free1, _) = b.mem_info().unwrap();
+    assert!(
+        free0 - free1 >= mapped,
+        "device free memory fell by {} for {mapped} mapped",
+        free0 - free1
+    );
+    // The last byte of the last page is writable and reads back.
+    let last = base.offset(mapped - 4);
+    b.write(MemRef::Device(last), &[1, 2, 3, 4]).unwrap();
+    let mut out = [0u8; 4];
+    b.read(MemRef::Device(last), &mut out).unwrap();
+    assert_eq!(out, [1, 2, 3, 4]);
+    assert!(b
+        .read(MemRef::Device(base.offset(mapped)), &mut out)
+        .is_err());
+    // A growth that is not a multiple of the granularity, or from a wrong size, is refused.
+    assert!(b.grow(base, mapped, g / 2).is_err());
+    assert!(b.grow(base, 0, g).is_err());
+    // Give back the last two pages, with work pending on a stream that uses them: the
+    // shrink waits for it.
+    let s = b.create_stream(StreamPriority::Normal).unwrap();
+    b.launch_spin_fill(s, 50_000_000, base.offset(64 * MIB), 1024, 7)
+        .unwrap();
+    let t = Instant::now();
+    b.shrink(base, mapped, 2 * g).unwrap();
+    assert!(
+        t.elapsed().as_millis() >= 40,
+        "shrink returned after {:?}, before the pending kernel",
+        t.elapsed()
+    );
+    assert_eq!(b.used(), 64 * MIB);
+    assert!(b.read(MemRef::Device(last), &mut out).is_err());
+    b.write(MemRef::Device(base.offset(64 * MIB - 1)), &[9])
+        .unwrap();
+    b.release_growable(base, 64 * MIB).unwrap();
+    assert_eq!(b.used(), 0);
+    let (free2, _) = b.mem_info().unwrap();
+    assert!(
+        free2 + 8 * MIB >= free0,
+        "memory not given back: {free0} -> {free2}"
+    );
+    let r = b.call_report();
+    report(
+        "growable_segment_grows_and_releases",
+        serde_json::json!({"map": r.map, "unmap": r.unmap}),
+    );
+}
+
+/// Control for the next test: without `record_stream`, memory freed on stream 0 while
+/// a kernel on another stream still writes it is handed out again at once, and the
+/// kernel's late write lands in the new allocation. This shows the hazard is real (and
+/// that the check of the next test can fail).
+#[test]
+fn control_free_without_record_stream_is_reused_under_a_pending_kernel() {
+    let Some(b) = gpu() else { return };
+    let mut a = Allocator::new(b, AllocConfig::default()).unwrap();
+    let s1 = a.create_stream(StreamPriority::Normal).unwrap();
+    let x = a.allocate(MIB, 0).unwrap();
+    a.backend_mut()
+        .launch_spin_fill(s1, 200_000_000, x.ptr, (MIB / 4) as u32, 0xAAAA_AAAA)
+        .unwrap();
+    a.deallocate(x, 0).unwrap();
+    let y = a.allocate(MIB, 0).unwrap();
+    a.backend_mut()
+        .write(MemRef::Device(y.ptr), &vec![0x55u8; MIB as usize])
+        .unwrap();
+    a.backend_mut().synchronize_device().unwrap();
+    let mut out = vec![0u8; MIB as usize];
+    a.backend_mut()
+        .read(MemRef::Device(y.ptr), &mut out)
+        .unwrap();
+    assert_eq!(y.ptr, x.ptr, "same-stream reuse expected");
+    assert!(
+        out.iter().all(|&v| v == 0xAA),
+        "the pending kernel's write should have landed in the reused block"
+    );
+    a.deallocate(y, 0).unwrap();
+}
+
+/// An allocation used by a kernel on another stream (`record_stream`) and freed on its
+/// own stream is not reused until that kernel completes.
+#[test]
+fn cross_stream_free_waits_for_a_pending_kernel() {
+    let Some(b) = gpu() else { return };
+    let mut a = Allocator::new(b, AllocConfig::default()).unwrap();
+    let s1 = a.create_stream(StreamPriority::Normal).unwrap();
+    let x = a.allocate(MIB, 0).unwrap();
+    a.record_stream(&x, s1).unwrap();
+    let marker = a.backend_mut().create_event().unwrap();
+    a.backend_mut()
+        .launch_spin_fill(s1, 200_000_000, x.ptr, (MIB / 4) as u32, 0xAAAA_AAAA)
+        .unwrap();
+    a.backend_mut().record_event(marker, s1).unwrap();
+    a.deallocate(x, 0).unwrap();
+    a.check_invariants().unwrap();
+    let y = a.allocate(MIB, 0).unwrap();
+    let kernel_done = a.backend_mut().query_event(marker).unwrap();
+    assert!(
+        y.ptr != x.ptr || kernel_done,
+        "the block was reused while the kernel was still pending"
+    );
+    a.backend_mut()
+        .write(MemRef::Device(y.ptr), &vec![0x55u8; MIB as usize])
+        .unwrap();
+    a.backend_mut().synchronize_device().unwrap();
+    let mut out = vec![0u8; MIB as usize];
+    a.backend_mut()
+        .read(MemRef::Device(y.ptr), &mut out)
+        .unwrap();
+    assert!(out.iter().all(|&v| v == 0x55), "new allocation overwritten");
+    a.deallocate(y, 0).unwrap();
+    // Once the kernel is done, the memory comes back to stream 0's pool.
+    let z = a.allocate(MIB, 0).unwrap();
+    a.deallocate(z, 0).unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().requested.current, 0);
+}
+
+#[test]
+fn out_of_memory_under_a_device_cap_is_an_error_and_consistent() {
+    let Some(b) = gpu() else { return };
+    let cap = 512 * MIB;
+    let mut a = Allocator::new(Limit::new(b, cap), AllocConfig::default()).unwrap();
+    let mut live = Vec::new();
+    let err = loop {
+        match a.allocate(48 * MIB, 0) {
+            Ok(x) => {
+                a.backend_mut()
+                    .write(MemRef::Device(x.ptr), &[1u8; 256])
+                    .unwrap();
+                live.push(x);
+                assert!(live.len() < 64, "the cap was not enforced");
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, AllocError::OutOfMemory { .. }), "{err}");
+    a.check_invariants().unwrap();
+    assert!(a.backend().used() <= cap);
+    // Small requests still work from what is left, and freeing makes room again.
+    let small = a.allocate(4096, 0).unwrap();
+    a.deallocate(small, 0).unwrap();
+    let n = live.len();
+    for x in live.drain(..) {
+        a.deallocate(x, 0).unwrap();
+    }
+    a.check_invariants().unwrap();
+    for _ in 0..n {
+        live.push(a.allocate(48 * MIB, 0).unwrap());
+    }
+    for x in live.drain(..) {
+        a.deallocate(x, 0).unwrap();
+    }
+    a.check_invariants().unwrap();
+    // A request beyond the whole device is refused up front.
+    assert!(a.allocate(cap * 4, 0).is_err());
+    a.check_invariants().unwrap();
+}
+
+/// GB/s of `reps` copies of `bytes` on `stream`.
+fn bandwidth(b: &mut CudaBackend, dst: MemRef, src: MemRef, bytes: u64, reps: u32) -> f64 {
+    let s = b.create_stream(StreamPriority::Low).unwrap();
+    b.copy(dst, src, bytes, Some(s)).unwrap();
+    b.synchronize_stream(s).unwrap();
+    let t = Instant::now();
+    for _ in 0..reps {
+        b.copy(dst, src, bytes, Some(s)).unwrap();
+    }
+    b.synchronize_stream(s).unwrap();
+    (bytes * reps as u64) as f64 / t.elapsed().as_secs_f64() / 1e9
+}
+
+#[test]
+fn pinned_copies_reach_90_percent_of_55_gbps() {
+    let Some(mut b) = gpu() else { return };
+    let n = GIB;
+    let d = b.allocate(n, 0).unwrap();
+    let h = b.allocate_host(n, true).unwrap();
+    let h2d = bandwidth(&mut b, MemRef::Device(d), MemRef::Host(h), n, 8);
+    let d2h = bandwidth(&mut b, MemRef::Host(h), MemRef::Device(d), n, 8);
+    let small = 2 * MIB;
+    let h2d_2m = bandwidth(&mut b, MemRef::Device(d), MemRef::Host(h), small, 200);
+    let p = b.allocate_host(256 * MIB, false).unwrap();
+    let h2d_pageable = bandwidth(&mut b, MemRef::Device(d), MemRef::Host(p), 256 * MIB, 4);
+    let d2h_pageable = bandwidth(&mut b, MemRef::Host(p), MemRef::Device(d), 256 * MIB, 4);
+    report(
+        "pinned_copies",
+        serde_json::json!({
+            "h2d_pinned_1GiB_gbps": h2d, "d2h_pinned_1GiB_gbps": d2h,
+            "h2d_pinned_2MiB_gbps": h2d_2m,
+            "h2d_pageable_256MiB_gbps": h2d_pageable, "d2h_pageable_256MiB_gbps": d2h_pageable,
+        }),
+    );
+    assert!(h2d >= 0.9 * 55.0, "H2D pinned {h2d:.1} GB/s");
+    assert!(d2h >= 0.9 * 55.0, "D2H pinned {d2h:.1} GB/s");
+    b.deallocate_host(p, 256 * MIB).unwrap();
+    b.deallocate_host(h, n).unwrap();
+    b.deallocate(d, n, 0).unwrap();
+}
+
+#[test]
+fn low_priority_transfer_overlaps_a_compute_kernel() {
+    let Some(mut b) = gpu() else { return };
+    let n = GIB;
+    let d = b.allocate(n, 0).unwrap();
+    let h = b.allocate_host(n, true).unwrap();
+    let compute = b.create_stream(StreamPriority::Normal).unwrap();
+    let xfer = b.create_stream(StreamPriority::Low).unwrap();
+    let spin_ns = 100_000_000;
+    // Warm up (module load, first copy).
+    b.launch_spin_fill(compute, 1000, d, 0, 0).unwrap();
+    b.copy(MemRef::Device(d), MemRef::Host(h), n, Some(xfer))
+        .unwrap();
+    b.synchronize_device().unwrap();
+    let t = Instant::now();
+    b.launch_spin_fill(compute, spin_ns, d, 0, 0).unwrap();
+    b.synchronize_stream(compute).unwrap();
+    let kernel = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..4 {
+        b.copy(MemRef::Device(d), MemRef::Host(h), n, Some(xfer))
+            .unwrap();
+    }
+    b.synchronize_stream(xfer).unwrap();
+    let copies = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    b.launch_spin_fill(compute, spin_ns, d, 0, 0).unwrap();
+    for _ in 0..4 {
+        b.copy(MemRef::Device(d), MemRef::Host(h), n, Some(xfer))
+            .unwrap();
+    }
+    b.synchronize_device().unwrap();
+    let both = t.elapsed().as_secs_f64();
+    report(
+        "overlap",
+        serde_json::json!({"kernel_s": kernel, "copies_s": copies, "both_s": both,
+            "priority_range": b.priority_range()}),
+    );
+    assert!(
+        both < kernel + 0.5 * copies,
+        "no overlap: kernel {kernel:.3} s, copies {copies:.3} s, together {both:.3} s"
+    );
+    b.deallocate_host(h, n).unwrap();
+    b.deallocate(d, n, 0).unwrap();
+}
+
+/// Grows a growable segment by `chunk` `reps` times, then shrinks it back chunk by chunk.
+fn measure_growable(b: &mut CudaBackend, page: u64, chunk: u64, reps: u64) -> serde_json::Value {
+    b.call_stats().reset();
+    let base = b.reserve_growable(8 * GIB).unwrap();
+    for i in 0..reps {
+        b.grow(base, i * chunk, chunk).unwrap();
+    }
+    for i in (0..reps).rev() {
+        b.shrink(base, (i + 1) * chunk, chunk).unwrap();
+    }
+    b.release_growable(base, 0).unwrap();
+    let r = b.call_report();
+    serde_json::json!({"page": page, "growable_chunk": chunk, "map": r.map, "unmap": r.unmap})
+}
+
+/// Not a check: measures the device calls the allocator makes (cuMemAlloc/cuMemFree by
+/// size, map/unmap per page, cuMemHostAlloc) and reports them beside the sim's costs.
+#[test]
+fn measure_device_call_latencies() {
+    let Some(mut b) = gpu() else { return };
+    let mut rows = Vec::new();
+    for (size, reps) in [
+        (512u64, 50),
+        (64 << 10, 50),
+        (2 * MIB, 50),
+        (20 * MIB, 50),
+        (256 * MIB, 20),
+        (GIB, 10),
+    ] {
+        b.call_stats().reset();
+        let ptrs: Vec<_> = (0..reps).map(|_| b.allocate(size, 0).unwrap()).collect();
+        for p in ptrs {
+            b.deallocate(p, size, 0).unwrap();
+        }
+        let r = b.call_report();
+        rows.push(serde_json::json!({"size": size, "alloc": r.alloc, "free": r.free}));
+    }
+    let g = b.granularity();
+    for (chunk, reps) in [(g, 50u64), (32 * MIB, 20), (256 * MIB, 5)] {
+        rows.push(measure_growable(&mut b, g, chunk, reps));
+    }
+    // Larger pages: one cuMemCreate + cuMemMap per 32 MiB.
+    let mut big = CudaBackend::new(0).unwrap();
+    big.set_page_size(32 * MIB).unwrap();
+    assert!(big.set_page_size(3 * MIB).is_err());
+    for (chunk, reps) in [(32 * MIB, 20u64), (256 * MIB, 5)] {
+        rows.push(measure_growable(&mut big, 32 * MIB, chunk, reps));
+    }
+    drop(big);
+    for (size, reps) in [(2 * MIB, 10), (256 * MIB, 2)] {
+        b.call_stats().reset();
+        let hs: Vec<_> = (0..reps)
+            .map(|_| b.allocate_host(size, true).unwrap())
+            .collect();
+        for h in hs {
+            b.deallocate_host(h, size).unwrap();
+        }
+        let r = b.call_report();
+        rows.push(serde_json::json!({"pinned_size": size, "host_alloc": r.host_alloc, "host_free": r.host_free}));
+    }
+    report("device_call_latencies", serde_json::Value::Array(rows));
+}
