@@ -118,16 +118,36 @@ fn options_that_cannot_apply_are_errors() {
         (vec!["replay", &t, "--model", "m"], "--model"),
         (
             vec![
-                "replay", &t, "--policy", "predictive", "--forecaster", "seasonal", "--model", "m",
+                "replay",
+                &t,
+                "--policy",
+                "predictive",
+                "--forecaster",
+                "seasonal",
+                "--model",
+                "m",
             ],
             "lstm",
         ),
         (vec!["replay", &t, "--no-prefetch"], "--no-prefetch"),
         (vec!["replay", &t, "--policy", "reactive"], "--budget"),
-        (vec!["replay", &t, "--policy", "pytorch", "--conf", "run_scan:4"], "--conf"),
-        (vec!["replay", &t, "--policy", "naive", "--budget", "60%"], "--budget"),
         (
-            vec!["replay", &t, "--policy", "predictive", "--conf", "predictive_actions:fly"],
+            vec!["replay", &t, "--policy", "pytorch", "--conf", "run_scan:4"],
+            "--conf",
+        ),
+        (
+            vec!["replay", &t, "--policy", "naive", "--budget", "60%"],
+            "--budget",
+        ),
+        (
+            vec![
+                "replay",
+                &t,
+                "--policy",
+                "predictive",
+                "--conf",
+                "predictive_actions:fly",
+            ],
             "fly",
         ),
     ] {

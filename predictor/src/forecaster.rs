@@ -556,14 +556,13 @@ mod tests {
     #[test]
     fn seasonal_is_exact_on_a_repeating_stream_after_the_first_iteration() {
         // Same iteration three times: from the second on, seasonal is exact.
-        let mut ev = Vec::new();
-        for _ in 0..3 {
-            ev.push(BOUNDARY);
-            for k in 0..48u64 {
-                ev.push(encode_alloc((k % 5 + 1) << 20));
-                ev.push(encode_free((k % 5 + 1) << 20));
-            }
-        }
+        let iteration: Vec<Code> = std::iter::once(BOUNDARY)
+            .chain((0..48u64).flat_map(|k| {
+                let b = (k % 5 + 1) << 20;
+                [encode_alloc(b), encode_free(b)]
+            }))
+            .collect();
+        let ev = iteration.repeat(3);
         let oracle = OracleForecaster::from_events(&ev, StepConfig::default(), 2);
         let mut truth = Engine::new(StepConfig::default(), Box::new(oracle));
         let mut want = Vec::new();

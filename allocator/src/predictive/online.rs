@@ -33,7 +33,7 @@ enum Mode {
     /// On the allocator's thread; `latest` is its last forecast, `version` counts them.
     Inline {
         engine: Box<Engine>,
-        latest: Option<Forecast>,
+        latest: Box<Option<Forecast>>,
         version: u64,
     },
     /// On the forecast service's thread.
@@ -94,7 +94,7 @@ impl OnlinePath {
         } else {
             Mode::Inline {
                 engine: Box::new(engine),
-                latest: None,
+                latest: Box::new(None),
                 version: 0,
             }
         };
@@ -162,7 +162,7 @@ impl OnlinePath {
                 latest,
                 version,
             } => engine.feed(self.chunk.as_slice(), |f| {
-                *latest = Some(*f);
+                **latest = Some(*f);
                 *version += 1;
             }),
             Mode::Thread(svc) => {
@@ -182,7 +182,7 @@ impl OnlinePath {
                     return None;
                 }
                 self.seen = *version;
-                *latest
+                **latest
             }
             Mode::Thread(svc) => {
                 let v = svc.version();

@@ -1,0 +1,202 @@
+//! The tables of docs/predictive.md: every bundled real trace and the three synthetic
+//! family presets (8 iterations, seed 0), replayed on the simulated H200 through
+//! memcast reactive and in predictive mode with each forecaster; without a budget,
+//! under a budget, and the ablation of the actions.
+//!
+//! `cargo run --release -p memcast-alloc --example predictive_tables [nobudget|budget|ablation] [BUDGET]`
+//! (`BUDGET`: a share of each trace's peak, default `60%`).
+
+use memcast_alloc::config::Actions;
+use memcast_alloc::replay::{replay, Policy, ReplayForecaster, ReplayOptions, ReplayReport};
+use memcast_alloc::tier::{replay_budgeted, Budget, TierReplayOptions, TierReport};
+use memcast_trace::synth::{generate, Family, SynthConfig};
+use memcast_trace::Trace;
+
+const FORECASTERS: [ReplayForecaster; 4] = [
+    ReplayForecaster::Oracle,
+    ReplayForecaster::Lstm,
+    ReplayForecaster::Seasonal,
+    ReplayForecaster::None,
+];
+
+fn traces() -> Result<Vec<Trace>, Box<dyn std::error::Error>> {
+    let mut v = Vec::new();
+    for b in memcast_trace::bundled::ALL {
+        v.push(b.load()?);
+    }
+    for (fam, name) in [
+        (Family::Mlp, "synth mlp"),
+        (Family::Cnn, "synth cnn (ResNet-50)"),
+        (Family::Transformer, "synth transformer (GPT-2)"),
+    ] {
+        let mut t = generate(&SynthConfig::preset(fam))?;
+        t.meta.name = name.into();
+        v.push(t);
+    }
+    Ok(v)
+}
+
+fn no_budget(
+    t: &Trace,
+    f: Option<ReplayForecaster>,
+) -> Result<ReplayReport, Box<dyn std::error::Error>> {
+    Ok(replay(
+        t,
+        &ReplayOptions {
+            policy: if f.is_some() {
+                Policy::Predictive
+            } else {
+                Policy::Memcast
+            },
+            forecaster: f.unwrap_or(ReplayForecaster::None),
+            ..Default::default()
+        },
+    )?)
+}
+
+fn budgeted(
+    t: &Trace,
+    budget: Budget,
+    p: Option<(ReplayForecaster, Actions)>,
+) -> Result<TierReport, Box<dyn std::error::Error>> {
+    Ok(replay_budgeted(
+        t,
+        &TierReplayOptions {
+            budget,
+            predictive: p,
+            ..Default::default()
+        },
+    )?)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let what = std::env::args().nth(1).unwrap_or_else(|| "nobudget".into());
+    let budget: Budget = std::env::args()
+        .nth(2)
+        .unwrap_or_else(|| "60%".into())
+        .parse()?;
+    let traces = traces()?;
+    match what.as_str() {
+        "nobudget" => {
+            println!("| trace | policy | overhead | mean reserved | device calls in requests (after iteration 1) | ahead | mean frag. | device ms in requests |");
+            println!("|---|---|---:|---:|---:|---:|---:|---:|");
+            for t in &traces {
+                let rows = std::iter::once(None).chain(FORECASTERS.map(Some));
+                for f in rows {
+                    let r = no_budget(t, f)?;
+                    println!(
+                        "| {} | {} | {:.2}% | {:.3} GB | {} ({}) | {} | {:.3} | {:.1} |",
+                        t.meta.name,
+                        f.map_or("reactive".to_string(), |f| format!(
+                            "predictive, {}",
+                            f.name()
+                        )),
+                        100.0 * r.reserved_overhead,
+                        r.mean_reserved_bytes / 1e9,
+                        r.critical_path_device_calls,
+                        r.critical_path_device_calls_after_first_iteration,
+                        r.ahead_device_calls,
+                        r.mean_fragmentation,
+                        r.critical_path_device_us / 1e3,
+                    );
+                }
+            }
+        }
+        "budget" => {
+            println!("| trace | policy | completed | stall overhead | link-bound floor | spilled | prefetched | hit rate | ahead batches |");
+            println!("|---|---|---|---:|---:|---:|---:|---:|---:|");
+            for t in &traces {
+                let rows =
+                    std::iter::once(None).chain(FORECASTERS.map(|f| Some((f, Actions::default()))));
+                for p in rows {
+                    let r = budgeted(t, budget, p)?;
+                    println!(
+                        "| {} | {} | {} | {:.2} | {:.2} | {:.1} GB | {:.1} GB | {:.2} | {} |",
+                        t.meta.name,
+                        p.map_or("reactive".to_string(), |(f, _)| format!(
+                            "predictive, {}",
+                            f.name()
+                        )),
+                        r.completed,
+                        r.stall_overhead,
+                        r.link_floor_overhead,
+                        r.spilled_bytes as f64 / 1e9,
+                        r.prefetched_bytes as f64 / 1e9,
+                        r.prefetch_hit_rate,
+                        r.ahead_spills,
+                    );
+                }
+            }
+        }
+        "ablation" => {
+            // Without a budget the actions are grow and release; under one, spill and
+            // prefetch. Each alone, then all, with the lstm and the oracle.
+            let sets: [(&str, Actions); 6] = [
+                ("none", Actions::none()),
+                (
+                    "grow",
+                    Actions {
+                        grow: true,
+                        ..Actions::none()
+                    },
+                ),
+                (
+                    "release",
+                    Actions {
+                        release: true,
+                        ..Actions::none()
+                    },
+                ),
+                (
+                    "spill",
+                    Actions {
+                        spill: true,
+                        ..Actions::none()
+                    },
+                ),
+                (
+                    "prefetch",
+                    Actions {
+                        prefetch: true,
+                        ..Actions::none()
+                    },
+                ),
+                ("all", Actions::all()),
+            ];
+            println!("| trace | actions | forecaster | overhead | mean reserved | calls in requests after it. 1 | stall overhead at the budget |");
+            println!("|---|---|---|---:|---:|---:|---:|");
+            for t in &traces {
+                for (name, a) in sets {
+                    for f in [ReplayForecaster::Lstm, ReplayForecaster::Oracle] {
+                        let mut cfg = memcast_alloc::AllocConfig::default();
+                        cfg.predictive_actions = a;
+                        let r = replay(
+                            t,
+                            &ReplayOptions {
+                                policy: Policy::Predictive,
+                                forecaster: f,
+                                config: cfg,
+                                ..Default::default()
+                            },
+                        )?;
+                        let b = budgeted(t, budget, Some((f, a)))?;
+                        println!(
+                            "| {} | {} | {} | {:.2}% | {:.3} GB | {} | {:.2} |",
+                            t.meta.name,
+                            name,
+                            f.name(),
+                            100.0 * r.reserved_overhead,
+                            r.mean_reserved_bytes / 1e9,
+                            r.critical_path_device_calls_after_first_iteration,
+                            b.stall_overhead,
+                        );
+                    }
+                }
+            }
+        }
+        other => {
+            return Err(format!("unknown table {other:?} (nobudget, budget, ablation)").into())
+        }
+    }
+    Ok(())
+}
