@@ -348,6 +348,11 @@ impl Engine {
         }
     }
 
+    /// Re-aligns the featurizer's live bytes to the allocator's (`EventChunk::live`).
+    pub fn set_live(&mut self, bytes: u64) {
+        self.feat.feat.set_live(bytes);
+    }
+
     /// How far this run's forecasts came true (see `Forecast::trust`).
     pub fn trust(&self) -> f64 {
         self.trust

@@ -42,6 +42,10 @@ pub const CHUNK: usize = 256;
 /// A chunk of encoded events (see `forecaster`'s codes). `Copy`, fixed size.
 #[derive(Debug, Clone, Copy)]
 pub struct EventChunk {
+    /// Live requested bytes when the chunk's first event happened (the allocator's
+    /// count): the engine re-aligns its own to it, so that chunks dropped under load
+    /// cost forecast quality, never a drifting live-bytes figure.
+    pub live: u64,
     pub len: usize,
     pub events: [Code; CHUNK],
 }
@@ -49,6 +53,7 @@ pub struct EventChunk {
 impl Default for EventChunk {
     fn default() -> Self {
         EventChunk {
+            live: 0,
             len: 0,
             events: [0; CHUNK],
         }
@@ -308,6 +313,7 @@ fn serve(mut engine: Engine, shared: Arc<Shared>, quantum: u64) {
             continue;
         };
         idle = IDLE_MIN;
+        engine.set_live(chunk.live);
         engine.feed(chunk.as_slice(), |f| {
             shared.forecasts.fetch_add(1, Ordering::Relaxed);
             let n = f.horizon.min(f.bytes.len());

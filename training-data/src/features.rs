@@ -257,6 +257,16 @@ impl StepFeaturizer {
         self.cfg
     }
 
+    /// Sets live bytes to `bytes` (the online path re-aligns to the allocator's own
+    /// count after events were lost; a no-op when none were). The open step's peak
+    /// keeps what it saw.
+    pub fn set_live(&mut self, bytes: u64) {
+        self.live = bytes;
+        self.open_peak = self.open_peak.max(bytes);
+        self.open_live0 = self.open_live0.min(self.open_peak);
+        self.cur_peak_live = self.cur_peak_live.max(bytes);
+    }
+
     /// Live requested bytes now (static blocks included).
     pub fn live_bytes(&self) -> u64 {
         self.live

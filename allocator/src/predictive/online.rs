@@ -161,10 +161,13 @@ impl OnlinePath {
                 engine,
                 latest,
                 version,
-            } => engine.feed(self.chunk.as_slice(), |f| {
-                **latest = Some(*f);
-                *version += 1;
-            }),
+            } => {
+                engine.set_live(self.chunk.live);
+                engine.feed(self.chunk.as_slice(), |f| {
+                    **latest = Some(*f);
+                    *version += 1;
+                })
+            }
             Mode::Thread(svc) => {
                 svc.submit(&self.chunk);
             }
@@ -309,6 +312,8 @@ impl<B: DeviceBackend> Allocator<B> {
         };
         o.stream = stream;
         o.hand_over();
+        // The next chunk starts at this live count (the engine re-aligns to it).
+        o.chunk.live = self.stats.requested.current;
         let Some(f) = o.take_new() else {
             return;
         };
