@@ -1,6 +1,6 @@
 //! Allocator statistics: a plain struct, logged through `tracing`, serialized as JSON.
 //!
-//! Definitions (the same as DESIGN.md's, used everywhere):
+//! Definitions (one of each, used everywhere):
 //! - requested: bytes callers asked for, live;
 //! - allocated: bytes handed out for them (rounded to the minimum block or the slab
 //!   class), live; `internal_waste = allocated - requested`;

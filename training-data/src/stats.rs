@@ -1,5 +1,5 @@
 //! Summary statistics of a trace (`memcast trace stats`), with the metric definitions of
-//! DESIGN.md: requested bytes are what callers asked for; peak_requested includes the
+//! Definitions: requested bytes are what callers asked for; peak_requested includes the
 //! blocks live before the trace began.
 
 use std::collections::{HashMap, HashSet};

@@ -1,7 +1,7 @@
 //! `host`: "device" memory that is real host memory, so that data really moves.
 //!
 //! Tests write bytes through the allocator's pointers and read them back; the tiering
-//! layer (issue 5) copies real bytes between its tiers. Work is synchronous: a copy is
+//! layer copies real bytes between its tiers. Work is synchronous: a copy is
 //! done when `copy` returns, so every event is complete as soon as it is recorded.
 //!
 //! Memory comes from the global allocator's `alloc_zeroed` with its natural 16-byte

@@ -3,7 +3,7 @@
 //! [`DeviceBackend`] is the one trait every allocator policy in this crate runs on, in
 //! the spirit of RMM's `device_memory_resource`: it hands out device segments, moves
 //! bytes between device and host buffers, and orders work with streams and events.
-//! Everything above it (the buddy pools, the PyTorch emulation, the tiers of issue 5)
+//! Everything above it (the buddy pools, the PyTorch emulation, the tiers)
 //! talks only to this trait, so a backend is swapped without touching them.
 //!
 //! Backends:
@@ -12,7 +12,7 @@
 //!   complete as soon as it is recorded.
 //! - [`sim::SimBackend`]: no memory at all, any capacity (a 141 GB H200 replays on a
 //!   laptop); every call advances a simulated clock by the H200 costs measured in
-//!   `shared/traces/h200_limits.md`, and streams have timelines so that asynchronous
+//!   measured on an NVIDIA H200 (docs/allocator.md, docs/tiers.md, docs/cuda.md), and streams have timelines so that asynchronous
 //!   copies overlap compute.
 //! - [`cuda::CudaBackend`]: an NVIDIA GPU through the CUDA driver API (cudarc, loaded
 //!   at run time; `BackendError::NoDriver` where there is no driver). See docs/cuda.md.

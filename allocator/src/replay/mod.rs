@@ -1,5 +1,5 @@
 //! Trace replay: runs a [`Trace`] through an allocator policy and reports the metrics
-//! of DESIGN.md.
+//! defined below.
 //!
 //! The trace's static blocks (live before recording began) are allocated first, in
 //! order; then every event: `Alloc` allocates, `Free` frees, `Access` and

@@ -8,7 +8,7 @@ use crate::replay::pytorch::PytorchConfig;
 use crate::replay::warmup::Warmup;
 use crate::replay::{replay, Policy, ReplayOptions};
 
-/// The fidelity issue 3 asks for.
+/// The fidelity the emulation is held to.
 const TOLERANCE: f64 = 0.05;
 
 /// The trace whose recording reserved no memory, its error with the first iteration as

@@ -7,7 +7,7 @@
 //!   tensors a step accesses are pinned together until the next timestamp. Static
 //!   blocks (parameters, optimizer state) are accessed where the graph reads and
 //!   writes them (forward, backward, optimizer step).
-//! - **Inferred** (PyTorch snapshots, which record no reads), the model of issue 5:
+//! - **Inferred** (PyTorch snapshots, which record no reads), this model:
 //!   - a tensor is written at its allocation (it is on the device when created);
 //!   - it is read just before its free (saved activations are read in the backward
 //!     right before they are freed): a spilled tensor must come back before it dies;

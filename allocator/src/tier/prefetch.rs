@@ -4,7 +4,7 @@
 //! manager still checks room and state before issuing anything). The reactive
 //! baseline, [`PreviousIterationOrder`], assumes this iteration accesses tensors in the
 //! order the previous one did, which is exact for static training graphs (every
-//! iteration makes the same allocations in the same order, DESIGN.md) and approximate
+//! iteration makes the same allocations in the same order) and approximate
 //! for dynamic ones. It keeps the previous iteration's access sequence (tensor keys,
 //! see [`TensorKey`]); after each access it scans the next `window` entries of that
 //! sequence from the current position and prefetches, in order, those whose tensor is

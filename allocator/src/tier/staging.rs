@@ -1,7 +1,7 @@
 //! The warm tier: one pinned host buffer, allocated once and sub-allocated.
 //!
 //! Why: `cudaHostAlloc` costs 1.6 ms for 2 MiB and 153 ms for 256 MiB on the H200 host
-//! (`shared/traces/h200_limits.md`), so pinned memory is obtained once, at start, and
+//! (measured on the H200), so pinned memory is obtained once, at start, and
 //! reused; only pinned memory reaches ~55 GB/s (pageable: 8-18 GB/s).
 //!
 //! The pool is a first-fit range allocator over offsets with coalescing of free
