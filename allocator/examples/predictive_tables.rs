@@ -168,8 +168,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for t in &traces {
                 for (name, a) in sets {
                     for f in [ReplayForecaster::Lstm, ReplayForecaster::Oracle] {
-                        let mut cfg = memcast_alloc::AllocConfig::default();
-                        cfg.predictive_actions = a;
+                        let cfg = memcast_alloc::AllocConfig {
+                            predictive_actions: a,
+                            ..Default::default()
+                        };
                         let r = replay(
                             t,
                             &ReplayOptions {
