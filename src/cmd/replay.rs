@@ -142,6 +142,34 @@ impl ReplayImportArgs {
     }
 }
 
+/// Prints the reports: one JSON object (keyed by policy name under `--compare`) with
+/// `--json`, else a table each.
+pub fn print_reports<R: serde::Serialize>(
+    args: &ReplayArgs,
+    reports: &[(&str, R)],
+    table: fn(&R),
+) -> Result<()> {
+    if args.json {
+        if args.compare.is_empty() {
+            println!("{}", serde_json::to_string(&reports[0].1)?);
+        } else {
+            let obj: serde_json::Map<String, serde_json::Value> = reports
+                .iter()
+                .map(|(n, r)| Ok((n.to_string(), serde_json::to_value(r)?)))
+                .collect::<Result<_>>()?;
+            println!("{}", serde_json::Value::Object(obj));
+        }
+    } else {
+        for (i, (_, r)) in reports.iter().enumerate() {
+            if i > 0 {
+                println!();
+            }
+            table(r);
+        }
+    }
+    Ok(())
+}
+
 /// The policies to replay: `--compare`'s, else `--policy`.
 fn policies(args: &ReplayArgs) -> Vec<PolicyArg> {
     if args.compare.is_empty() {
@@ -243,24 +271,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             .with_context(|| format!("{} replay of {} failed", p.name(), args.trace.display()))?;
         reports.push((p.name(), report));
     }
-    if args.json {
-        if args.compare.is_empty() {
-            println!("{}", serde_json::to_string(&reports[0].1)?);
-        } else {
-            let obj: serde_json::Map<String, serde_json::Value> = reports
-                .iter()
-                .map(|(n, r)| Ok((n.to_string(), serde_json::to_value(r)?)))
-                .collect::<Result<_>>()?;
-            println!("{}", serde_json::Value::Object(obj));
-        }
-    } else {
-        for (i, (_, r)) in reports.iter().enumerate() {
-            if i > 0 {
-                println!();
-            }
-            print_table(r);
-        }
-    }
+    print_reports(&args, &reports, print_table)?;
     Ok(())
 }
 

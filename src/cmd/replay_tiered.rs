@@ -53,24 +53,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
             .with_context(|| format!("tiered replay of {} failed", args.trace.display()))?;
         reports.push((p.name(), report));
     }
-    if args.json {
-        if args.compare.is_empty() {
-            println!("{}", serde_json::to_string(&reports[0].1)?);
-        } else {
-            let obj: serde_json::Map<String, serde_json::Value> = reports
-                .iter()
-                .map(|(n, r)| Ok((n.to_string(), serde_json::to_value(r)?)))
-                .collect::<Result<_>>()?;
-            println!("{}", serde_json::Value::Object(obj));
-        }
-    } else {
-        for (i, (_, r)) in reports.iter().enumerate() {
-            if i > 0 {
-                println!();
-            }
-            print_table(r);
-        }
-    }
+    super::print_reports(args, &reports, print_table)?;
     if let Some(e) = reports.iter().find_map(|(_, r)| r.error.as_ref()) {
         bail!("{e}");
     }

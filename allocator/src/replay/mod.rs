@@ -94,6 +94,33 @@ impl std::str::FromStr for ReplayForecaster {
 }
 
 impl ReplayForecaster {
+    /// The forecaster: the oracle over the event codes `future` yields (the stream its
+    /// engine will see), the others as `cfg` configures them (`cfg.model`,
+    /// `cfg.horizon`).
+    pub fn build(
+        self,
+        cfg: &AllocConfig,
+        future: impl FnOnce() -> Vec<memcast_predictor::forecaster::Code>,
+    ) -> Result<Box<dyn memcast_predictor::Forecaster>, AllocError> {
+        use crate::config::ForecasterKind;
+        let kind = match self {
+            Self::Oracle => {
+                return Ok(Box::new(crate::predictive::OracleForecaster::from_events(
+                    &future(),
+                    memcast_trace::features::StepConfig::default(),
+                    crate::predictive::horizon_of(cfg, None),
+                )))
+            }
+            Self::Lstm => ForecasterKind::Lstm,
+            Self::Seasonal => ForecasterKind::Seasonal,
+            Self::None => ForecasterKind::None,
+        };
+        crate::predictive::forecaster_for(&AllocConfig {
+            forecaster: kind,
+            ..cfg.clone()
+        })
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Self::Lstm => "lstm",
@@ -410,24 +437,10 @@ pub fn predictive_allocator<B: DeviceBackend>(
     let mut cfg = opts.config.clone();
     cfg.predictive = true;
     cfg.forecast_thread = false;
-    let forecaster = match opts.forecaster {
-        ReplayForecaster::Oracle => {
-            let h = crate::predictive::horizon_of(&cfg, None);
-            Box::new(crate::predictive::OracleForecaster::from_events(
-                &allocator_events(trace),
-                memcast_trace::features::StepConfig::default(),
-                h,
-            ))
-        }
-        other => {
-            cfg.forecaster = match other {
-                ReplayForecaster::Lstm => crate::config::ForecasterKind::Lstm,
-                ReplayForecaster::Seasonal => crate::config::ForecasterKind::Seasonal,
-                _ => crate::config::ForecasterKind::None,
-            };
-            crate::predictive::forecaster_for(&cfg).map_err(fail)?
-        }
-    };
+    let forecaster = opts
+        .forecaster
+        .build(&cfg, || allocator_events(trace))
+        .map_err(fail)?;
     Allocator::with_forecaster(backend, cfg, forecaster).map_err(fail)
 }
 
@@ -435,20 +448,33 @@ pub fn predictive_allocator<B: DeviceBackend>(
 /// allocations, then the trace's allocations, frees and boundaries (what the oracle
 /// reads as the true future).
 pub fn allocator_events(trace: &Trace) -> Vec<memcast_predictor::forecaster::Code> {
+    trace_codes(trace, false)
+}
+
+/// The trace's allocations (static blocks first), frees and boundaries as event codes;
+/// with `skip_empty`, without zero-byte tensors (which a tier manager never registers).
+/// A free of a tensor never allocated is left out.
+pub fn trace_codes(trace: &Trace, skip_empty: bool) -> Vec<memcast_predictor::forecaster::Code> {
     use memcast_predictor::forecaster::{encode_alloc, encode_free, BOUNDARY};
     let mut sizes: FxMap<u64, u64> = FxMap::default();
     let mut out = Vec::with_capacity(trace.static_blocks.len() + trace.events.len());
+    let alloc = |id: u64, bytes: u64, sizes: &mut FxMap<u64, u64>, out: &mut Vec<_>| {
+        if bytes > 0 || !skip_empty {
+            sizes.insert(id, bytes);
+            out.push(encode_alloc(bytes));
+        }
+    };
     for b in &trace.static_blocks {
-        sizes.insert(b.id, b.bytes);
-        out.push(encode_alloc(b.bytes));
+        alloc(b.id, b.bytes, &mut sizes, &mut out);
     }
     for e in &trace.events {
         match e.kind {
-            EventKind::Alloc { id, bytes, .. } => {
-                sizes.insert(id, bytes);
-                out.push(encode_alloc(bytes));
+            EventKind::Alloc { id, bytes, .. } => alloc(id, bytes, &mut sizes, &mut out),
+            EventKind::Free { id } => {
+                if let Some(b) = sizes.remove(&id) {
+                    out.push(encode_free(b));
+                }
             }
-            EventKind::Free { id } => out.push(encode_free(sizes.remove(&id).unwrap_or(0))),
             EventKind::IterationBoundary => out.push(BOUNDARY),
             EventKind::Access { .. } => {}
         }

@@ -293,7 +293,10 @@ fn run<B: DeviceBackend>(
     )
     .map_err(TierReplayError::Setup)?;
     if let Some((fk, actions)) = opts.predictive {
-        let forecaster = tier_forecaster(trace, fk, &opts.alloc)
+        // The oracle reads the events the manager will feed: registrations of
+        // non-empty tensors, their frees, the boundaries.
+        let forecaster = fk
+            .build(&opts.alloc, || crate::replay::trace_codes(trace, true))
             .map_err(|e| TierReplayError::Setup(e.into()))?;
         m.set_demand(Demand::new(forecaster, actions));
     }
@@ -569,55 +572,6 @@ fn fragmentation<B: DeviceBackend>(a: &Allocator<B>) -> Option<f64> {
         return None;
     }
     Some(1.0 - largest.min(free) as f64 / free as f64)
-}
-
-/// The demand forecaster of a predictive tiered replay. The oracle reads the events
-/// the manager will feed (registrations of non-empty tensors, their frees, the
-/// boundaries) from the trace.
-fn tier_forecaster(
-    trace: &Trace,
-    kind: ReplayForecaster,
-    alloc: &AllocConfig,
-) -> Result<Box<dyn memcast_predictor::Forecaster>, crate::error::AllocError> {
-    use memcast_predictor::forecaster::{encode_alloc, encode_free, BOUNDARY};
-    let mut cfg = alloc.clone();
-    cfg.forecaster = match kind {
-        ReplayForecaster::Oracle => {
-            let mut sizes = HashMap::new();
-            let mut codes = Vec::new();
-            for b in &trace.static_blocks {
-                if b.bytes > 0 {
-                    sizes.insert(b.id, b.bytes);
-                    codes.push(encode_alloc(b.bytes));
-                }
-            }
-            for e in &trace.events {
-                match e.kind {
-                    memcast_trace::EventKind::Alloc { id, bytes, .. } if bytes > 0 => {
-                        sizes.insert(id, bytes);
-                        codes.push(encode_alloc(bytes));
-                    }
-                    memcast_trace::EventKind::Free { id } => {
-                        if let Some(b) = sizes.remove(&id) {
-                            codes.push(encode_free(b));
-                        }
-                    }
-                    memcast_trace::EventKind::IterationBoundary => codes.push(BOUNDARY),
-                    _ => {}
-                }
-            }
-            let h = crate::predictive::horizon_of(&cfg, None);
-            return Ok(Box::new(crate::predictive::OracleForecaster::from_events(
-                &codes,
-                memcast_trace::features::StepConfig::default(),
-                h,
-            )));
-        }
-        ReplayForecaster::Lstm => crate::config::ForecasterKind::Lstm,
-        ReplayForecaster::Seasonal => crate::config::ForecasterKind::Seasonal,
-        ReplayForecaster::None => crate::config::ForecasterKind::None,
-    };
-    crate::predictive::forecaster_for(&cfg)
 }
 
 fn where_(event: Option<u64>) -> String {
