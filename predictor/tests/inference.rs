@@ -161,14 +161,28 @@ fn service_publishes_and_never_blocks() {
             _ => None,
         })
         .collect();
+    // Each chunk carries the live bytes at its start, as the allocator's does.
+    let mut live = 0u64;
     let chunks: Vec<EventChunk> = codes
         .chunks(CHUNK)
         .map(|c| {
             let mut ch = EventChunk {
+                live,
                 len: c.len(),
                 ..Default::default()
             };
             ch.events[..c.len()].copy_from_slice(c);
+            for &e in c {
+                if e == BOUNDARY {
+                    continue;
+                }
+                let b = memcast_predictor::forecaster::bucket_bytes(e);
+                if e & (1 << 31) == 0 {
+                    live += b;
+                } else {
+                    live -= b;
+                }
+            }
             ch
         })
         .collect();
@@ -192,6 +206,7 @@ fn service_publishes_and_never_blocks() {
     let mut direct = engine(&w);
     for c in &chunks {
         let mut want = None;
+        direct.set_live(c.live);
         direct.feed(c.as_slice(), |f| want = Some(*f));
         let before = svc.stats().processed;
         assert!(svc.submit(c));
