@@ -8,7 +8,7 @@
 //! | `norm.json` | the normalisation statistics, readable |
 //! | `metrics.json` | training history and validation metrics |
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::config::ArtifactConfig;
 use crate::error::{io, PredictorError, Result};
@@ -80,10 +80,4 @@ pub fn default_weights() -> Result<Weights> {
 /// The default model ready to run.
 pub fn default_model() -> Result<EmbeddedLstm> {
     EmbeddedLstm::new(default_weights()?)
-}
-
-/// The default model's directory in the source tree (`training-data/models/default`),
-/// for tools that read its metrics; running code uses [`default_weights`].
-pub fn default_model_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../training-data/models/default")
 }

@@ -353,11 +353,6 @@ impl Engine {
         self.feat.feat.set_live(bytes);
     }
 
-    /// How far this run's forecasts came true (see `Forecast::trust`).
-    pub fn trust(&self) -> f64 {
-        self.trust
-    }
-
     /// Scores the forecasts whose horizon ends with `step`. O(horizon).
     fn score(&mut self, step: &Step) {
         let h = self.forecaster.horizon();

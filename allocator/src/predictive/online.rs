@@ -206,15 +206,6 @@ impl OnlinePath {
             Mode::Inline { .. } => None,
         }
     }
-
-    /// Steps the engine closed and forecasts it made (inline mode; threaded: the
-    /// service's counters instead).
-    pub fn engine_counts(&self) -> Option<(u64, u64)> {
-        match &self.mode {
-            Mode::Inline { engine, .. } => Some((engine.steps(), engine.forecasts())),
-            Mode::Thread(_) => None,
-        }
-    }
 }
 
 impl<B: DeviceBackend> Allocator<B> {

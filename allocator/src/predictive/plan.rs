@@ -78,6 +78,27 @@ pub fn peak_rise(f: &Forecast, capacity: u64) -> Option<u64> {
     memcast_predictor::forecaster::peak_rise(&f.bytes[..n], capacity as f64).map(|r| r as u64)
 }
 
+/// What a forecast says lies ahead of live bytes `live` (the same count the forecast's
+/// `live_bytes` keeps): `(max(0, L + min(rise, seen rise) - live), trust)`, with trust
+/// clamped to `[0, 1]` (0 if not finite); `None` for a forecast without a basis or with
+/// a non-finite value. The need formula of the module docs, shared by the allocator's
+/// plan and the predictive tiers. O(horizon).
+pub fn forecast_ahead(f: &Forecast, live: u64, capacity: u64) -> Option<(u64, f64)> {
+    if !f.reference {
+        return None;
+    }
+    // A rise beyond any this run has shown is not bet on ahead: the miss that meets
+    // it grows reactively (see the module docs).
+    let rise = peak_rise(f, capacity)?.min(f.seen_rise);
+    let ahead = f.live_bytes.saturating_add(rise).saturating_sub(live);
+    let trust = if f.trust.is_finite() {
+        f.trust.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    Some((ahead, trust))
+}
+
 /// Turns forecasts into advice. See the module docs.
 #[derive(Debug, Clone)]
 pub struct ForecastPolicy {
@@ -94,12 +115,7 @@ impl ForecastPolicy {
     /// The advice for forecast `f` in state `s` (at most one piece), or `None`. A
     /// forecast without a basis (`Forecast::reference`) drives nothing.
     pub fn plan(&self, f: &Forecast, s: &State) -> Option<Advice> {
-        if !f.reference {
-            return None;
-        }
-        // A rise beyond any this run has shown is not bet on ahead: the miss that
-        // meets it grows reactively (see the module docs).
-        let rise = peak_rise(f, s.capacity)?.min(f.seen_rise);
+        let (ahead, trust) = forecast_ahead(f, s.requested, s.capacity)?;
         // Requests below `small_max` live in slab segments, which grow on their own:
         // the large segment is grown for the large share of the forecast demand.
         let n = f.horizon.min(f.bytes.len());
@@ -110,15 +126,6 @@ impl ForecastPolicy {
             ((total - small) / total).clamp(0.0, 1.0)
         } else {
             1.0
-        };
-        let ahead = f
-            .live_bytes
-            .saturating_add(rise)
-            .saturating_sub(s.requested);
-        let trust = if f.trust.is_finite() {
-            f.trust.clamp(0.0, 1.0)
-        } else {
-            0.0
         };
         let need = ((ahead as f64) * large_share * trust).min(s.capacity as f64) as u64;
         self.target

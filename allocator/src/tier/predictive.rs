@@ -42,9 +42,8 @@ pub struct Demand {
     latest: Option<Forecast>,
     fresh: bool,
     pub actions: Actions,
-    /// Spills started ahead of need.
+    /// Spill batches started ahead of need.
     pub ahead_spills: u64,
-    pub ahead_spilled_bytes: u64,
 }
 
 impl std::fmt::Debug for Demand {
@@ -64,7 +63,6 @@ impl Demand {
             fresh: false,
             actions,
             ahead_spills: 0,
-            ahead_spilled_bytes: 0,
         }
     }
 
@@ -90,11 +88,6 @@ impl<B: DeviceBackend> TierManager<B> {
 
     pub fn demand(&self) -> Option<&Demand> {
         self.demand.as_deref()
-    }
-
-    /// Logical live bytes (every registered tensor, wherever it is).
-    pub fn logical_bytes(&self) -> u64 {
-        self.logical
     }
 
     /// A registration of `bytes` (hook of `register`).
@@ -144,23 +137,15 @@ impl<B: DeviceBackend> TierManager<B> {
         let Some(f) = d.latest else {
             return Ok(());
         };
-        if !f.reference || self.pipe.oldest_out().is_some() {
+        if self.pipe.oldest_out().is_some() {
             return Ok(());
         }
         let budget = self.cfg.budget as f64;
-        let Some(rise) = crate::predictive::plan::peak_rise(&f, self.cfg.budget) else {
+        let Some((ahead, trust)) =
+            crate::predictive::plan::forecast_ahead(&f, self.logical, self.cfg.budget)
+        else {
             return Ok(());
         };
-        let rise = rise.min(f.seen_rise);
-        let trust = if f.trust.is_finite() {
-            f.trust.clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
-        let ahead = f
-            .live_bytes
-            .saturating_add(rise)
-            .saturating_sub(self.logical);
         let allocated = self.alloc.stats().allocated.current;
         let need = allocated as f64 + ahead as f64 * trust;
         if need <= self.cfg.high_watermark * budget {
@@ -175,7 +160,6 @@ impl<B: DeviceBackend> TierManager<B> {
         if issued > 0 {
             let d = self.demand.as_deref_mut().expect("demand");
             d.ahead_spills += 1;
-            d.ahead_spilled_bytes += issued;
         }
         Ok(())
     }

@@ -458,9 +458,7 @@ fn run<B: DeviceBackend>(
     }
     let stall_us = m.backend().stall_us() - stall0.unwrap_or(setup_us);
     let s = m.stats().clone();
-    let (ahead_spills, _) = m
-        .demand()
-        .map_or((0, 0), |d| (d.ahead_spills, d.ahead_spilled_bytes));
+    let ahead_spills = m.demand().map_or(0, |d| d.ahead_spills);
     let a = m.allocator().stats();
     let iterations = trace
         .events
