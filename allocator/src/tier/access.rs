@@ -91,8 +91,15 @@ pub fn ops(trace: &Trace, model: AccessModel) -> Vec<Op> {
         ));
         out.push(op(None, OpKind::EndStep));
     }
+    // Static blocks still live (a recording may free some: an input batch whose free
+    // waited for another stream, a workspace): only those are touched at boundaries.
+    let mut static_live: std::collections::HashSet<u64> =
+        trace.static_blocks.iter().map(|b| b.id).collect();
     let mut last_t = trace.events.first().map(|e| e.time_us).unwrap_or(0);
     for (i, e) in trace.events.iter().enumerate() {
+        if let EventKind::Free { id } = e.kind {
+            static_live.remove(&id);
+        }
         let ev = Some(i as u64);
         if e.time_us > last_t {
             if model == AccessModel::Recorded {
@@ -129,7 +136,11 @@ pub fn ops(trace: &Trace, model: AccessModel) -> Vec<Op> {
             }
             (AccessModel::Inferred, EventKind::IterationBoundary) => {
                 out.push(op(ev, OpKind::IterationBoundary));
-                for b in &trace.static_blocks {
+                for b in trace
+                    .static_blocks
+                    .iter()
+                    .filter(|b| static_live.contains(&b.id))
+                {
                     out.push(op(
                         ev,
                         OpKind::Access {
@@ -217,5 +228,38 @@ mod tests {
                 EndStep,
             ]
         );
+    }
+
+    /// A static block freed during the recording (here on a second stream, as an input
+    /// prefetched there is) is not touched at the boundaries after its free.
+    #[test]
+    fn inferred_model_skips_static_blocks_freed_before_a_boundary() {
+        let t = Trace {
+            static_blocks: vec![
+                StaticBlock {
+                    id: 0,
+                    bytes: 8,
+                    stream: 1,
+                },
+                StaticBlock {
+                    id: 1,
+                    bytes: 8,
+                    stream: 0,
+                },
+            ],
+            events: vec![
+                ev(0, EventKind::Free { id: 0 }),
+                ev(1, EventKind::IterationBoundary),
+            ],
+            ..Default::default()
+        };
+        let touched: Vec<u64> = ops(&t, AccessModel::Inferred)
+            .into_iter()
+            .filter_map(|o| match o.kind {
+                OpKind::Access { id, .. } if o.event == Some(1) => Some(id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(touched, vec![1]);
     }
 }
