@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::{DeviceBackend, DevicePtr, StreamPriority};
 use crate::error::AllocError;
-use crate::replay::warmup::{self, Warmup, WarmupPlan};
+use crate::replay::warmup::{self, StaticOrder, Warmup, WarmupPlan};
 use crate::replay::ReplayTarget;
 use memcast_trace::Trace;
 
@@ -60,6 +60,9 @@ pub struct PytorchConfig {
     /// 1: none); 0 (default) infers it from the static blocks
     /// ([`warmup::state_copies`]).
     pub state_copies: usize,
+    /// The order in which the modelled process created the static blocks
+    /// ([`warmup::StaticOrder`]; default `size-desc`, which uses no layout).
+    pub static_order: StaticOrder,
 }
 
 impl Default for PytorchConfig {
@@ -69,6 +72,7 @@ impl Default for PytorchConfig {
             large_segment_size: K_LARGE_BUFFER,
             warmup: Warmup::Auto,
             state_copies: 0,
+            static_order: StaticOrder::default(),
         }
     }
 }
@@ -76,7 +80,7 @@ impl Default for PytorchConfig {
 impl PytorchConfig {
     /// The warm-up to replay before `trace`'s recording, if any.
     pub fn warmup_plan(&self, trace: &Trace) -> Option<WarmupPlan> {
-        warmup::plan(trace, self.warmup, self.state_copies)
+        warmup::plan(trace, self.warmup, self.state_copies, self.static_order)
     }
 }
 

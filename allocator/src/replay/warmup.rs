@@ -66,6 +66,68 @@ pub fn reserved_nothing_while_recording(trace: &Trace) -> bool {
     trace.meta.source == "pytorch-snapshot" && !trace.source_segments.iter().any(|s| s.alloc)
 }
 
+/// The order in which the modelled process created the static blocks (placed in this
+/// order: a caching allocator's layout follows it).
+///
+/// A trace's own order of static blocks may carry the recording allocator's layout: the
+/// PyTorch importer lists the blocks still live at the end in the snapshot's segment and
+/// address order, which is PyTorch's final layout. An emulation that placed blocks in
+/// that order would be told where PyTorch put them. The default order uses only what
+/// the recording's events and the blocks' sizes say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StaticOrder {
+    /// Blocks freed during the recording first, in the order of their frees (events,
+    /// not layout); then the rest by size, largest first, and by stream (blocks of one
+    /// size and stream are interchangeable for placement).
+    #[default]
+    SizeDesc,
+    /// As `size-desc`, smallest first.
+    SizeAsc,
+    /// The trace's own order (for an imported PyTorch snapshot: its final layout).
+    Trace,
+}
+
+/// Static block indices (into `trace.static_blocks`) in creation order `how`.
+pub fn creation_order(trace: &Trace, how: StaticOrder) -> Vec<usize> {
+    let n = trace.static_blocks.len();
+    if how == StaticOrder::Trace {
+        return (0..n).collect();
+    }
+    let index: HashMap<u64, usize> = trace
+        .static_blocks
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (b.id, i))
+        .collect();
+    let mut taken = vec![false; n];
+    let mut order = Vec::with_capacity(n);
+    for e in &trace.events {
+        if let EventKind::Free { id } = e.kind {
+            if let Some(&i) = index.get(&id) {
+                if !std::mem::replace(&mut taken[i], true) {
+                    order.push(i);
+                }
+            }
+        }
+    }
+    let mut rest: Vec<usize> = (0..n).filter(|&i| !taken[i]).collect();
+    // Stable sorts; blocks of one size and stream are interchangeable, so the result
+    // does not depend on the trace's order.
+    let key = |i: &usize| {
+        (
+            trace.static_blocks[*i].bytes,
+            trace.static_blocks[*i].stream,
+        )
+    };
+    match how {
+        StaticOrder::SizeAsc => rest.sort_by_key(key),
+        _ => rest.sort_by_key(|i| std::cmp::Reverse(key(i))),
+    }
+    order.extend(rest);
+    order
+}
+
 /// What the warm-up allocates and when. Indices are into `trace.static_blocks` and
 /// `trace.events`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,7 +172,8 @@ pub const STATE_SHARE: f64 = 0.9;
 
 /// `m`: 3 (Adam-like), 2 (momentum-like) or 1 (no optimizer state recognised).
 pub fn state_copies(trace: &Trace) -> usize {
-    let count = size_classes(trace);
+    let n = trace.static_blocks.len();
+    let count = size_classes(trace, &(0..n).collect::<Vec<_>>());
     // u128: sizes come from the input, and a sum must not overflow on any trace.
     let bytes = |keep: &dyn Fn(usize) -> bool| -> f64 {
         count
@@ -140,7 +203,7 @@ pub fn state_copies(trace: &Trace) -> usize {
 /// The warm-up plan for `trace`: `copies` tensors per parameter (0: [`state_copies`]),
 /// replaying the iteration `which` picks. `None` for [`Warmup::None`] and for traces
 /// without a whole iteration (fewer than two iteration boundaries).
-pub fn plan(trace: &Trace, which: Warmup, copies: usize) -> Option<WarmupPlan> {
+pub fn plan(trace: &Trace, which: Warmup, copies: usize, order: StaticOrder) -> Option<WarmupPlan> {
     let bounds: Vec<usize> = trace
         .events
         .iter()
@@ -176,7 +239,7 @@ pub fn plan(trace: &Trace, which: Warmup, copies: usize) -> Option<WarmupPlan> {
     } else {
         copies
     };
-    let (before, state) = split_state(trace, copies);
+    let (before, state) = split_state(trace, copies, &creation_order(trace, order));
     Some(WarmupPlan {
         before,
         state,
@@ -187,11 +250,14 @@ pub fn plan(trace: &Trace, which: Warmup, copies: usize) -> Option<WarmupPlan> {
     })
 }
 
-/// Static block indices by requested size, each list in trace order.
-fn size_classes(trace: &Trace) -> HashMap<u64, Vec<usize>> {
+/// Static block indices by requested size, each list in `order`.
+fn size_classes(trace: &Trace, order: &[usize]) -> HashMap<u64, Vec<usize>> {
     let mut by_size: HashMap<u64, Vec<usize>> = HashMap::new();
-    for (i, b) in trace.static_blocks.iter().enumerate() {
-        by_size.entry(b.bytes).or_default().push(i);
+    for &i in order {
+        by_size
+            .entry(trace.static_blocks[i].bytes)
+            .or_default()
+            .push(i);
     }
     by_size
 }
@@ -201,20 +267,18 @@ fn size_classes(trace: &Trace) -> HashMap<u64, Vec<usize>> {
 /// parameters and the others their state; the state is ordered parameter by
 /// parameter (in the parameters' trace order), `copies - 1` blocks each.
 ///
-/// Assumption: the trace order of static blocks follows their creation. The PyTorch
-/// importer does not know creation order: it lists the static blocks freed during the
-/// recording first (in the order they are freed), then the rest in the snapshot's
-/// segment and address order. Which block of a size is called the parameter and which
-/// its state can then be wrong; same-size blocks are interchangeable for placement, so
-/// only the order in which parameters of different sizes are placed is affected.
-fn split_state(trace: &Trace, copies: usize) -> (Vec<usize>, Vec<usize>) {
+/// `order` stands for creation order ([`creation_order`]). Traces do not record it, so
+/// which block of a size is called the parameter and which its state is a guess;
+/// same-size blocks are interchangeable for placement, so only the order in which
+/// parameters of different sizes are placed is affected.
+fn split_state(trace: &Trace, copies: usize, order: &[usize]) -> (Vec<usize>, Vec<usize>) {
     let n = trace.static_blocks.len();
     if copies <= 1 {
-        return ((0..n).collect(), Vec::new());
+        return (order.to_vec(), Vec::new());
     }
     let mut is_state = vec![false; n];
     let mut state_of: HashMap<usize, &[usize]> = HashMap::new();
-    let classes = size_classes(trace);
+    let classes = size_classes(trace, order);
     for idx in classes.values().filter(|idx| idx.len() % copies == 0) {
         let params = idx.len() / copies;
         let (firsts, rest) = idx.split_at(params);
@@ -225,7 +289,7 @@ fn split_state(trace: &Trace, copies: usize) -> (Vec<usize>, Vec<usize>) {
             state_of.insert(*p, st);
         }
     }
-    let before: Vec<usize> = (0..n).filter(|&i| !is_state[i]).collect();
+    let before: Vec<usize> = order.iter().copied().filter(|&i| !is_state[i]).collect();
     let state = before
         .iter()
         .filter_map(|p| state_of.get(p))
@@ -443,6 +507,7 @@ mod tests {
             },
             Warmup::First,
             0,
+            StaticOrder::Trace,
         )
         .unwrap();
         assert_eq!(p.copies, 3);
@@ -453,7 +518,7 @@ mod tests {
     #[test]
     fn the_step_point_is_after_backward_before_the_step_and_zero_grad() {
         let t = adam_trace();
-        let p = plan(&t, Warmup::First, 0).unwrap();
+        let p = plan(&t, Warmup::First, 0, StaticOrder::Trace).unwrap();
         assert_eq!(p.iteration, 1..9);
         // Events 1..9: +a +b -b +g -a | +tmp -tmp -g: least held after `-a`.
         assert_eq!(p.step_at, 6);
@@ -465,12 +530,12 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(step_point(&flat, 1..3), 3);
-        assert!(plan(&flat, Warmup::None, 0).is_none());
+        assert!(plan(&flat, Warmup::None, 0, StaticOrder::Trace).is_none());
         let no_iteration = Trace {
             events: events(&[('|', 0, 0), ('+', 1, 5)]),
             ..Default::default()
         };
-        assert!(plan(&no_iteration, Warmup::First, 0).is_none());
+        assert!(plan(&no_iteration, Warmup::First, 0, StaticOrder::Trace).is_none());
     }
 
     /// The rule reads synthetic traces too: a generated BERT trained with AdamW has its
@@ -493,11 +558,21 @@ mod tests {
         let mut cfg = SynthConfig::preset(Family::Bert);
         cfg.iterations = 2;
         let train = generate(&cfg).unwrap();
-        assert_eq!(plan(&train, Warmup::First, 0).unwrap().copies, 3);
+        assert_eq!(
+            plan(&train, Warmup::First, 0, StaticOrder::Trace)
+                .unwrap()
+                .copies,
+            3
+        );
         assert!(peak(&train, Warmup::First) < peak(&train, Warmup::None));
         cfg.mode = Mode::Infer;
         let infer = generate(&cfg).unwrap();
-        assert_eq!(plan(&infer, Warmup::First, 0).unwrap().copies, 1);
+        assert_eq!(
+            plan(&infer, Warmup::First, 0, StaticOrder::Trace)
+                .unwrap()
+                .copies,
+            1
+        );
         assert_eq!(peak(&infer, Warmup::First), peak(&infer, Warmup::None));
     }
 
@@ -533,7 +608,7 @@ mod tests {
 
         // The layout after the warm-up alone: the state sits in the activations' place.
         let mut emu = PytorchEmu::new(SimBackend::h200(), PytorchConfig::default());
-        let p = plan(&t, Warmup::First, 0).unwrap();
+        let p = plan(&t, Warmup::First, 0, StaticOrder::Trace).unwrap();
         let statics = run(&t, &mut emu, &p, &mut |_: &mut _, _, _| Ok(())).unwrap();
         assert_eq!(
             statics.iter().map(|s| s.0).collect::<Vec<_>>(),
@@ -553,5 +628,61 @@ mod tests {
                 vec![(20, false)],
             ]
         );
+    }
+
+    #[test]
+    fn creation_order_puts_recorded_frees_first_then_size() {
+        let mut t = Trace {
+            static_blocks: statics(&[4, 8, 2, 8]),
+            events: events(&[('-', 1002, 0), ('-', 1000, 0)]),
+            ..Default::default()
+        };
+        assert_eq!(creation_order(&t, StaticOrder::SizeDesc), vec![2, 0, 1, 3]);
+        assert_eq!(creation_order(&t, StaticOrder::SizeAsc), vec![2, 0, 1, 3]);
+        t.events.clear();
+        assert_eq!(creation_order(&t, StaticOrder::SizeDesc), vec![1, 3, 0, 2]);
+        assert_eq!(creation_order(&t, StaticOrder::SizeAsc), vec![2, 0, 1, 3]);
+        assert_eq!(creation_order(&t, StaticOrder::Trace), vec![0, 1, 2, 3]);
+    }
+
+    /// The emulation's default order carries no layout: permuting a real trace's static
+    /// blocks (whose order is PyTorch's final layout) leaves its result unchanged, while
+    /// the trace's own order changes it.
+    #[test]
+    fn the_default_order_ignores_the_order_of_static_blocks() {
+        let peak = |tr: &Trace, order: StaticOrder| {
+            let cfg = PytorchConfig {
+                static_order: order,
+                ..Default::default()
+            };
+            let backend = SimBackend::new(u64::MAX / 4, Default::default());
+            let emu = PytorchEmu::new(backend, cfg.clone());
+            run_warm(
+                tr,
+                emu,
+                &ReplayOptions::default(),
+                cfg.warmup_plan(tr).as_ref(),
+            )
+            .unwrap()
+            .peak_reserved_bytes
+        };
+        let mut trace_order_mattered = 0;
+        for b in memcast_trace::bundled::ALL {
+            let t = b.load().unwrap();
+            let mut shuffled = t.clone();
+            // A fixed permutation: reversal, then a rotation.
+            shuffled.static_blocks.reverse();
+            let k = shuffled.static_blocks.len() / 3;
+            shuffled.static_blocks.rotate_left(k);
+            assert_eq!(
+                peak(&t, StaticOrder::SizeDesc),
+                peak(&shuffled, StaticOrder::SizeDesc),
+                "{}",
+                b.name
+            );
+            trace_order_mattered +=
+                (peak(&t, StaticOrder::Trace) != peak(&shuffled, StaticOrder::Trace)) as usize;
+        }
+        assert!(trace_order_mattered > 0);
     }
 }
