@@ -37,6 +37,8 @@ enum Command {
     Export(cmd::export::ExportArgs),
     /// Print (and plot) forecast against actual demand on a trace.
     Predict(cmd::predict::PredictArgs),
+    /// Re-check memcast on one split of a trace corpus, against PyTorch's own figures.
+    Corpus(cmd::corpus::CorpusArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +57,7 @@ fn main() -> ExitCode {
         Command::Eval(a) => cmd::eval::run(a),
         Command::Export(a) => cmd::export::run(a),
         Command::Predict(a) => cmd::predict::run(a),
+        Command::Corpus(a) => cmd::corpus::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,7 @@
 //! One module per subcommand: each defines its clap arguments and a `run`.
 
 pub mod chart;
+pub mod corpus;
 pub mod demo;
 pub mod eval;
 pub mod export;

@@ -9,6 +9,7 @@
 //! - [`features`]: the step featurizer, one implementation used offline and online.
 
 pub mod bundled;
+pub mod corpus;
 pub mod error;
 pub mod export;
 pub mod features;

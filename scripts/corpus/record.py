@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Records one workload of scripts/corpus/workloads.py on a CUDA GPU.
+
+    python3 scripts/corpus/record.py --workload NAME --mode native|expandable --out DIR
+
+`native` runs PyTorch's default caching allocator with memory history on and writes
+DIR/NAME.snapshot.pickle (`torch.cuda.memory._snapshot()`, pickle protocol 4, no stack
+frames). `expandable` runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and no
+history. Both append one JSON line of PyTorch's own figures (`torch.cuda.memory_stats()`
+at the end of the run) to DIR/NAME.<mode>.json.
+
+The recipe, for every workload:
+  1. build the model (random weights) and its optimizer; seed every generator with 0;
+  2. one warm-up iteration, not recorded (parameters, optimizer state and library
+     workspaces are live when recording starts: they are the trace's static blocks);
+  3. 8 recorded iterations (12 for dynamic workloads). Before each iteration and once
+     after the last, a marker tensor of exactly MARKER_BYTES is allocated and freed:
+     `memcast trace import` reads these as iteration boundaries.
+With `side_stream` recipes the inputs are made on a second CUDA stream and handed to
+the compute stream with `record_stream` (as an input prefetcher does).
+
+--dry-run builds the recipe on the CPU with batches of at most 2 and runs one
+iteration: it checks a recipe without a GPU.
+"""
+
+import argparse
+import json
+import os
+import pickle
+import random
+import sys
+import time
+
+MARKER_BYTES = 7_341_568
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--workload", required=True)
+ap.add_argument("--mode", choices=["native", "expandable"], default="native")
+ap.add_argument("--out", default=".")
+ap.add_argument("--iters", type=int, default=0, help="recorded iterations (default 8, 12 if dynamic)")
+ap.add_argument("--dry-run", action="store_true")
+args = ap.parse_args()
+
+if args.mode == "expandable":
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+else:
+    os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+import workloads as W  # noqa: E402
+
+if args.workload not in W.RECIPES:
+    sys.exit(f"unknown workload {args.workload!r}; known: {', '.join(W.RECIPES)}")
+family, split, dynamic, desc, builder = W.RECIPES[args.workload]
+iters = args.iters or (12 if dynamic else 8)
+
+if args.dry_run:
+    W.DRY, W.DEV = True, "cpu"
+
+random.seed(0)
+torch.manual_seed(0)
+rng = random.Random(0)
+t0 = time.time()
+job = builder()
+side = torch.cuda.Stream() if (job.side_stream and not args.dry_run) else None
+
+
+def iteration():
+    if side is not None:
+        with torch.cuda.stream(side):
+            batch = job.make_batch(rng)
+        torch.cuda.current_stream().wait_stream(side)
+        for t in flat_tensors(batch):
+            t.record_stream(torch.cuda.current_stream())
+    else:
+        batch = job.make_batch(rng)
+    job.step(batch)
+    del batch
+
+
+def flat_tensors(x):
+    if torch.is_tensor(x):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from flat_tensors(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from flat_tensors(v)
+
+
+def marker():
+    m = torch.empty(MARKER_BYTES, dtype=torch.uint8, device="cuda")
+    del m
+
+
+if args.dry_run:
+    iteration()
+    print(f"{args.workload}: dry run ok ({time.time() - t0:.1f} s)")
+    sys.exit(0)
+
+iteration()  # warm-up
+torch.cuda.synchronize()
+os.makedirs(args.out, exist_ok=True)
+if args.mode == "native":
+    torch.cuda.memory._record_memory_history(
+        enabled="all", context=None, stacks="python", max_entries=2_000_000)
+t1 = time.time()
+for _ in range(iters):
+    marker()
+    iteration()
+    torch.cuda.synchronize()
+marker()
+torch.cuda.synchronize()
+t2 = time.time()
+if args.mode == "native":
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    with open(os.path.join(args.out, f"{args.workload}.snapshot.pickle"), "wb") as f:
+        pickle.dump(snap, f, protocol=4)
+s = torch.cuda.memory_stats()
+fig = {
+    "name": args.workload,
+    "allocator": "pytorch-native" if args.mode == "native" else "pytorch-expandable-segments",
+    "peak_allocated": s["allocated_bytes.all.peak"],
+    "peak_reserved": s["reserved_bytes.all.peak"],
+    "peak_requested": s.get("requested_bytes.all.peak", 0),
+    "num_device_alloc": s["num_device_alloc"],
+    "num_device_free": s["num_device_free"],
+    "num_alloc_retries": s["num_alloc_retries"],
+    "num_ooms": s["num_ooms"],
+    "iters": iters,
+    "family": family,
+    "split": split,
+    "dynamic": dynamic,
+    "description": desc,
+    "seconds_recorded": round(t2 - t1, 3),
+    "torch": torch.__version__,
+    "device": torch.cuda.get_device_name(),
+}
+with open(os.path.join(args.out, f"{args.workload}.{args.mode}.json"), "w") as f:
+    f.write(json.dumps(fig) + "\n")
+print(f"{args.workload} {args.mode}: peak reserved {fig['peak_reserved'] / 2**30:.2f} GiB, "
+      f"allocated {fig['peak_allocated'] / 2**30:.2f} GiB, {iters} iterations in {t2 - t1:.1f} s "
+      f"(total {time.time() - t0:.1f} s)")

@@ -1,0 +1,45 @@
+//! End-to-end tests of `memcast corpus`: the re-check of a corpus split against
+//! PyTorch's own figures, on the repository's corpus.
+
+mod common;
+
+use common::{fails, ok, repo};
+
+fn manifest() -> String {
+    repo()
+        .join("training-data/corpus/manifest.tsv")
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn corpus_checks_every_trace_of_a_split_against_pytorch() {
+    let out = ok(&["corpus", &manifest(), "--split", "validation", "--json"]);
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (summary, traces) = rows.split_last().unwrap();
+    assert_eq!(traces.len(), 7);
+    assert_eq!(summary["summary"]["traces"], 7);
+    for t in traces {
+        let w = t["workload"].as_str().unwrap();
+        for k in ["pytorch_native", "pytorch_expandable"] {
+            assert!(t[k]["peak_reserved_bytes"].as_u64().unwrap() > 0, "{w} {k}");
+        }
+        let overhead = t["memcast"]["reserved_overhead"].as_f64().unwrap();
+        assert!((0.0..1.0).contains(&overhead), "{w}: {overhead}");
+        let emu = t["pytorch_emulation"]["error_vs_native"].as_f64().unwrap();
+        assert!(emu.abs() < 0.2, "{w}: emulation {emu}");
+        assert_eq!(t["tiered"]["completed"], true, "{w}");
+        assert_eq!(t["forecast"].is_object(), t["dynamic"] == true, "{w}");
+    }
+}
+
+#[test]
+fn corpus_names_a_bad_split_and_a_missing_manifest() {
+    let err = fails(&["corpus", &manifest(), "--split", "holdout"]);
+    assert!(err.contains("unknown split"), "{err}");
+    let err = fails(&["corpus", "/nonexistent/manifest.tsv"]);
+    assert!(err.contains("/nonexistent/manifest.tsv"), "{err}");
+}

@@ -1,0 +1,268 @@
+//! A corpus of recorded traces: a manifest that names each trace's workload, model
+//! family, shapes and split, and PyTorch's own figures for the same runs.
+//!
+//! The manifest is a tab-separated file with a header line, the columns `file`,
+//! `workload`, `family`, `shapes`, `split`, `description`; a row, tabs shown as `|`:
+//!
+//! ```text
+//! test/vit_b16_b64_bf16_adamw.mctrace|vit_b16_b64_bf16_adamw|vit|static|test|ViT-B/16, ...
+//! ```
+//!
+//! `file` is relative to the manifest's folder; `shapes` is `static` or `dynamic`;
+//! `split` is `train`, `validation` or `test`, and every trace of a family is in the
+//! same split. PyTorch's figures are read from `pytorch_allocator_figures.jsonl` beside
+//! the manifest (the format of [`crate::bundled::PYTORCH_FIGURES_JSONL`]).
+//!
+//! The repository's corpus is `training-data/corpus/` (its manifest also lists the
+//! bundled traces, all of the train split).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use crate::bundled::PytorchFigures;
+use crate::TraceError;
+
+/// Which part of a corpus a trace belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Split {
+    /// Used to choose constants and to train shipped models.
+    Train,
+    /// Used to choose between candidates (a mechanism, early stopping).
+    Validation,
+    /// Never used to choose anything: only reported on.
+    Test,
+}
+
+impl FromStr for Split {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "train" => Ok(Split::Train),
+            "validation" => Ok(Split::Validation),
+            "test" => Ok(Split::Test),
+            _ => Err(format!("unknown split {s:?} (train, validation or test)")),
+        }
+    }
+}
+
+impl fmt::Display for Split {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Split::Train => "train",
+            Split::Validation => "validation",
+            Split::Test => "test",
+        })
+    }
+}
+
+/// One manifest row.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Entry {
+    /// The trace file (the manifest's `file`, joined to the manifest's folder).
+    pub path: PathBuf,
+    pub workload: String,
+    pub family: String,
+    /// Whether shapes change between iterations (`shapes` = `dynamic`).
+    pub dynamic: bool,
+    pub split: Split,
+    pub description: String,
+}
+
+/// A loaded manifest and the PyTorch figures beside it.
+#[derive(Debug, Clone)]
+pub struct Corpus {
+    pub entries: Vec<Entry>,
+    pub figures: Vec<PytorchFigures>,
+}
+
+/// The file PyTorch's figures are read from, beside the manifest.
+pub const FIGURES_FILE: &str = "pytorch_allocator_figures.jsonl";
+
+const HEADER: [&str; 6] = [
+    "file",
+    "workload",
+    "family",
+    "shapes",
+    "split",
+    "description",
+];
+
+impl Corpus {
+    /// Reads `manifest` and the figures file beside it (missing figures file: no figures).
+    pub fn load(manifest: &Path) -> Result<Corpus, TraceError> {
+        let text = std::fs::read_to_string(manifest).map_err(|e| TraceError::io(manifest, e))?;
+        let in_file = |err: TraceError| TraceError::InFile {
+            path: manifest.to_path_buf(),
+            err: Box::new(err),
+        };
+        let root = manifest.parent().unwrap_or(Path::new("."));
+        let entries = parse_manifest(&text, root).map_err(in_file)?;
+        let fig_path = root.join(FIGURES_FILE);
+        let figures = match std::fs::read_to_string(&fig_path) {
+            Ok(t) => parse_figures(&t).map_err(|err| TraceError::InFile {
+                path: fig_path.clone(),
+                err: Box::new(err),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(TraceError::io(fig_path, e)),
+        };
+        Ok(Corpus { entries, figures })
+    }
+
+    /// The entries of `split`, in manifest order.
+    pub fn split(&self, split: Split) -> impl Iterator<Item = &Entry> {
+        self.entries.iter().filter(move |e| e.split == split)
+    }
+
+    /// PyTorch's figures for `workload` with `allocator` (`pytorch-native` or
+    /// `pytorch-expandable-segments`).
+    pub fn figures(&self, workload: &str, allocator: &str) -> Option<&PytorchFigures> {
+        self.figures
+            .iter()
+            .find(|f| f.name == workload && f.allocator == allocator)
+    }
+}
+
+/// Parses a manifest's text; `file` paths are joined to `root`. Line numbers in errors
+/// count from 1.
+pub fn parse_manifest(text: &str, root: &Path) -> Result<Vec<Entry>, TraceError> {
+    let bad =
+        |line: usize, what: String| TraceError::Param(format!("manifest line {line}: {what}"));
+    let mut lines = text.lines().enumerate();
+    match lines.next() {
+        Some((_, h)) if h.split('\t').collect::<Vec<_>>() == HEADER => {}
+        _ => {
+            return Err(bad(
+                1,
+                format!("the header must be the columns {}", HEADER.join(", ")),
+            ))
+        }
+    }
+    let mut out: Vec<Entry> = Vec::new();
+    for (i, line) in lines {
+        let n = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let cols: Vec<&str> = line.split('\t').collect();
+        if cols.len() != HEADER.len() {
+            return Err(bad(
+                n,
+                format!(
+                    "{} tab-separated columns, expected {}",
+                    cols.len(),
+                    HEADER.len()
+                ),
+            ));
+        }
+        let dynamic = match cols[3] {
+            "static" => false,
+            "dynamic" => true,
+            s => return Err(bad(n, format!("shapes {s:?}: static or dynamic"))),
+        };
+        let split: Split = cols[4].parse().map_err(|e| bad(n, e))?;
+        if let Some(other) = out.iter().find(|e| e.family == cols[2] && e.split != split) {
+            return Err(bad(
+                n,
+                format!(
+                    "family {} is in split {} here and in {} for {}: a family belongs to one split",
+                    cols[2], split, other.split, other.workload
+                ),
+            ));
+        }
+        if out.iter().any(|e| e.workload == cols[1]) {
+            return Err(bad(n, format!("workload {} listed twice", cols[1])));
+        }
+        out.push(Entry {
+            path: root.join(cols[0]),
+            workload: cols[1].to_string(),
+            family: cols[2].to_string(),
+            dynamic,
+            split,
+            description: cols[5].to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// Parses PyTorch figures (JSON Lines); blank lines are skipped.
+pub fn parse_figures(text: &str) -> Result<Vec<PytorchFigures>, TraceError> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .map_err(|e| TraceError::Param(format!("figures line {}: {e}", i + 1)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEAD: &str = "file\tworkload\tfamily\tshapes\tsplit\tdescription\n";
+
+    #[test]
+    fn parses_rows_and_joins_paths() {
+        let t = format!("{HEAD}a/x.mctrace\tx\tvit\tstatic\ttest\tViT\nb.mctrace\ty\tgpt2\tdynamic\ttrain\tGPT\n");
+        let e = parse_manifest(&t, Path::new("/c")).unwrap();
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[0].path, Path::new("/c/a/x.mctrace"));
+        assert!(!e[0].dynamic && e[1].dynamic);
+        assert_eq!((e[0].split, e[1].split), (Split::Test, Split::Train));
+    }
+
+    #[test]
+    fn rejects_a_family_in_two_splits_and_names_the_line() {
+        let t = format!("{HEAD}x\tx\tvit\tstatic\ttest\t-\ny\ty\tvit\tstatic\ttrain\t-\n");
+        let err = parse_manifest(&t, Path::new(".")).unwrap_err().to_string();
+        assert!(err.contains("line 3") && err.contains("one split"), "{err}");
+    }
+
+    #[test]
+    fn rejects_bad_header_columns_and_values() {
+        for (t, want) in [
+            ("file\tworkload\n".to_string(), "header"),
+            (
+                format!("{HEAD}x\tx\tvit\tstatic\ttest\n"),
+                "5 tab-separated",
+            ),
+            (format!("{HEAD}x\tx\tvit\tsometimes\ttest\t-\n"), "shapes"),
+            (
+                format!("{HEAD}x\tx\tvit\tstatic\tholdout\t-\n"),
+                "unknown split",
+            ),
+            (
+                format!("{HEAD}x\tx\tvit\tstatic\ttest\t-\nz\tx\tvit\tstatic\ttest\t-\n"),
+                "twice",
+            ),
+        ] {
+            let err = parse_manifest(&t, Path::new(".")).unwrap_err().to_string();
+            assert!(err.contains(want), "{want}: {err}");
+        }
+    }
+
+    /// The repository's corpus: every listed file exists, the families' splits hold, and
+    /// each trace has both of PyTorch's figures.
+    #[test]
+    fn repository_corpus_is_complete() {
+        let m = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/manifest.tsv");
+        let c = Corpus::load(&m).unwrap();
+        assert!(c.entries.len() >= 48, "{} entries", c.entries.len());
+        for e in &c.entries {
+            assert!(e.path.is_file(), "{} missing", e.path.display());
+            if e.path.starts_with(m.parent().unwrap().join("..")) {
+                continue; // the bundled traces: their figures are the bundled ones
+            }
+            for a in ["pytorch-native", "pytorch-expandable-segments"] {
+                assert!(c.figures(&e.workload, a).is_some(), "{} {a}", e.workload);
+            }
+        }
+        for s in [Split::Train, Split::Validation, Split::Test] {
+            assert!(c.split(s).count() >= 5, "{s}");
+        }
+    }
+}
