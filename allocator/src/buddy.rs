@@ -706,6 +706,13 @@ impl BuddyPool {
         self.segs[seg].used -= len;
     }
 
+    /// Whether freeing the run at block `blk` of `seg` would merge it with a free
+    /// neighbour (false where runs are tracked by buddy trees or the run index). O(1).
+    #[inline(always)]
+    pub fn run_has_free_neighbour(&self, seg: u32, blk: u32) -> bool {
+        !(self.segs[seg].tree || self.index_runs) && self.ext.has_free_neighbour(blk)
+    }
+
     /// Re-tags a Used run with a new owner.
     pub fn retag(&mut self, seg: u32, off: u64, len: u64, owner: u32) {
         if !self.segs[seg].tree {

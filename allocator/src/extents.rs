@@ -452,6 +452,15 @@ impl Extents {
         u
     }
 
+    /// Whether used block `i` has a free address-order neighbour (its release would
+    /// merge). O(1): two block reads.
+    #[inline]
+    pub fn has_free_neighbour(&self, i: u32) -> bool {
+        let b = &self.blks.0[i as usize];
+        let free = |j: u32| j != NIL && self.blks[j].state == BlkState::Free;
+        free(b.left) || free(b.right)
+    }
+
     /// Frees used block `i`, merging it with free neighbours. O(1).
     #[inline]
     pub fn release(&mut self, i: u32) {

@@ -749,7 +749,12 @@ impl<B: DeviceBackend> Allocator<B> {
         let (stream, size, (seg, blk)) = (r.stream(), r.size(), r.seg_blk());
         let pool = self.pools[stream].as_mut().expect("pool of a live record");
         pool.recent[recent_slot(size)] = size;
-        let deferred = self.cfg.coalesce == Coalesce::Deferred && pool.repeat_score >= 64;
+        // A run next to free memory is merged at once: caching it would keep a hole
+        // smaller than the merge makes, and a later larger request would grow the
+        // device instead (placement around cached runs).
+        let deferred = self.cfg.coalesce == Coalesce::Deferred
+            && pool.repeat_score >= 64
+            && !pool.buddy.run_has_free_neighbour(seg, blk);
         if deferred {
             self.records[id].state = RecState::Cached;
             pool.cache.push(&mut self.records, id);

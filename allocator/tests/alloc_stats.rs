@@ -30,3 +30,36 @@ fn latency_is_sampled_every_nth_allocation() {
         a.check_invariants().unwrap();
     }
 }
+
+/// Deferred coalescing caches a freed run only where it cannot merge: a run with a free
+/// neighbour goes back to the placement index at once, so that a later request never
+/// finds a hole smaller than the merge would have made (placement around cached runs).
+#[test]
+fn a_freed_run_next_to_free_memory_is_merged_not_cached() {
+    const MIB: u64 = 1 << 20;
+    let cfg = memcast_alloc::config::AllocConfig::default();
+    let mut a = memcast_alloc::Allocator::new(
+        memcast_alloc::backend::sim::SimBackend::new(1 << 34, Default::default()),
+        cfg,
+    )
+    .unwrap();
+    // Three adjacent runs at the start of one growable segment; its free tail follows c.
+    let x = a.allocate(MIB, 0).unwrap();
+    let b = a.allocate(MIB, 0).unwrap();
+    let c = a.allocate(MIB, 0).unwrap();
+    // b has used neighbours on both sides: it is cached and its size comes back from the
+    // cache.
+    a.deallocate(b, 0).unwrap();
+    let b2 = a.allocate(MIB, 0).unwrap();
+    assert_eq!(a.stats().cache_hits, 1);
+    // c borders the free tail: it merges at once, and the next request is placed, not
+    // served from the cache.
+    a.deallocate(c, 0).unwrap();
+    let c2 = a.allocate(MIB, 0).unwrap();
+    assert_eq!(a.stats().cache_hits, 1);
+    a.check_invariants().unwrap();
+    for r in [x, b2, c2] {
+        a.deallocate(r, 0).unwrap();
+    }
+    a.check_invariants().unwrap();
+}
