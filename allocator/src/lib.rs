@@ -18,6 +18,20 @@
 //! - [`replay`]: trace replay through `memcast`, a PyTorch emulation, and `naive`.
 //!
 //! See docs/allocator.md for the design, the measurements and how to reproduce them.
+//!
+//! # Where `unsafe` lives
+//!
+//! Only where it must, each block with a `// SAFETY:` comment naming the invariant that
+//! makes it sound:
+//! - `table`: the unchecked `u32` index of the allocator's tables (ids only the
+//!   allocator makes; a caller's handle is checked before it indexes anything);
+//! - [`backend::host`]: the host backend's heap regions (allocation, copies within
+//!   checked ranges);
+//! - the CUDA backend ([`backend::cuda`] and its `cuda_host`, `cuda_vmm`,
+//!   `cuda_kernels` modules): driver calls through `cudarc`'s raw API.
+//!
+//! Everything else, the allocator's logic included, is safe code; a handle, stream or
+//! pointer a caller supplies is checked and refused with an [`AllocError`].
 
 pub mod backend;
 pub mod buddy;

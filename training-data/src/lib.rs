@@ -8,6 +8,8 @@
 //! - [`synth`]: synthetic traces from computation graphs, with liveness analysis.
 //! - [`features`]: the step featurizer, one implementation used offline and online.
 
+#![forbid(unsafe_code)]
+
 pub mod bundled;
 pub mod error;
 pub mod export;
