@@ -46,7 +46,7 @@ pub struct EvalReport {
 }
 
 impl EvalReport {
-    /// Best WAPE among the baselines (last value, moving average, seasonal naive).
+    /// Best WAPE among the baselines (last value, moving average, seasonal naive).
     pub fn best_baseline(&self) -> (String, f64) {
         ["last_value", "moving_average", "seasonal_naive"]
             .iter()

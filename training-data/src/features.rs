@@ -199,8 +199,10 @@ pub struct StepFeaturizer {
 }
 
 impl StepFeaturizer {
-    /// A featurizer for a run whose pre-existing (static) blocks are given as
-    /// `(id, bytes)`; frees of them are then accounted.
+    /// A featurizer with nothing live, cutting steps as `cfg` says. Blocks live before
+    /// the first event are registered afterwards: [`add_static`](Self::add_static) (by
+    /// tensor id, so that their frees are accounted) or [`add_setup`](Self::add_setup)
+    /// (bytes only).
     pub fn new(cfg: StepConfig) -> Self {
         Self {
             cfg: StepConfig {
