@@ -81,10 +81,6 @@ impl SizeClasses {
         self.sizes.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.sizes.is_empty()
-    }
-
     pub fn size(&self, class: usize) -> u64 {
         self.sizes[class]
     }
@@ -103,8 +99,8 @@ impl SizeClasses {
     }
 
     /// `(class, class size)` for a request of `bytes` (1 ..= small_max). O(1): a table
-    /// lookup.
-    #[inline]
+    /// lookup (what `class_index` returns, with the size; for the tests).
+    #[cfg(test)]
     pub fn class_of(&self, bytes: u64) -> (usize, u64) {
         let c = self.class_index(bytes);
         (c, self.sizes[c])
@@ -213,10 +209,6 @@ impl Slab {
 
     pub fn len(&self) -> u64 {
         self.obj * self.capacity as u64
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.capacity == 0
     }
 
     /// Slots free.
