@@ -83,13 +83,21 @@ pub fn cuda_available() -> Result<()> {
         libloading::Library::new("libcuda.so.1").or_else(|_| libloading::Library::new("libcuda.so"))
     } {
         Ok(l) => l,
-        Err(e) => return no(format!("--backend cuda: no CUDA driver found (libcuda.so.1: {e})")),
+        Err(e) => {
+            return no(format!(
+                "--backend cuda: no CUDA driver found (libcuda.so.1: {e})"
+            ))
+        }
     };
     // SAFETY: `CUresult cuInit(unsigned int)` is the driver's documented C signature.
     let init: libloading::Symbol<unsafe extern "C" fn(u32) -> i32> =
         match unsafe { lib.get(b"cuInit\0") } {
             Ok(f) => f,
-            Err(e) => return no(format!("--backend cuda: the CUDA driver has no cuInit: {e}")),
+            Err(e) => {
+                return no(format!(
+                    "--backend cuda: the CUDA driver has no cuInit: {e}"
+                ))
+            }
         };
     // SAFETY: a call with the symbol's own signature; `lib` outlives it.
     let rc = unsafe { init(0) };
