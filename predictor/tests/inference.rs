@@ -274,16 +274,20 @@ impl memcast_predictor::Forecaster for DropFlag {
 fn dropping_the_service_stops_and_joins_its_thread() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let flag = std::sync::Arc::new(AtomicBool::new(false));
-    let engine = memcast_predictor::Engine::new(
-        StepConfig::default(),
-        Box::new(DropFlag(flag.clone())),
-    );
+    let engine =
+        memcast_predictor::Engine::new(StepConfig::default(), Box::new(DropFlag(flag.clone())));
     let mut svc = ForecastService::start(engine, 4, 0).unwrap();
     assert!(svc.submit(&memcast_predictor::EventChunk::default()));
     // Let the thread go idle (parked), so that only the stop can end it.
     std::thread::sleep(std::time::Duration::from_millis(20));
-    assert!(!flag.load(Ordering::SeqCst), "the engine was dropped while the service ran");
+    assert!(
+        !flag.load(Ordering::SeqCst),
+        "the engine was dropped while the service ran"
+    );
     drop(svc);
     // `drop` returned: the thread has ended (joined), and dropped the engine with it.
-    assert!(flag.load(Ordering::SeqCst), "the service thread outlived its drop");
+    assert!(
+        flag.load(Ordering::SeqCst),
+        "the service thread outlived its drop"
+    );
 }

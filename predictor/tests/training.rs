@@ -158,18 +158,21 @@ fn training_learns_to_rescale() {
     };
     let r = wape(out.weights.clone());
     // Its untrained self: the same initialisation (seed) and normalisation, no epochs.
-    let untrained = memcast_predictor::train::model::init_weights(
-        &c,
-        out.weights.norm.clone(),
-        c.train.seed,
-    )
-    .unwrap();
+    let untrained =
+        memcast_predictor::train::model::init_weights(&c, out.weights.norm.clone(), c.train.seed)
+            .unwrap();
     let u = wape(untrained);
     let (trained, before) = (r.models["lstm"].wape, u.models["lstm"].wape);
     let (baseline, best) = r.best_baseline();
     eprintln!("held-out WAPE: trained {trained:.4}, untrained {before:.4}, {baseline} {best:.4}");
-    assert!(trained < 0.9 * before, "trained {trained} vs untrained {before}");
-    assert!(trained < 0.8 * best, "trained {trained} vs {baseline} {best}");
+    assert!(
+        trained < 0.9 * before,
+        "trained {trained} vs untrained {before}"
+    );
+    assert!(
+        trained < 0.8 * best,
+        "trained {trained} vs {baseline} {best}"
+    );
 }
 
 #[test]
