@@ -456,6 +456,11 @@ fn sim_duplex_copies_share_the_measured_102_gbps() {
 /// Prints the table with
 /// `cargo test -p memcast-alloc --lib tier::tests::replay_table -- --nocapture`.
 #[test]
+#[cfg_attr(
+    feature = "check-invariants",
+    ignore = "88 replays with the invariants checked after every operation take minutes; \
+              the plain test run asserts the table"
+)]
 fn replay_table() {
     use memcast_trace::synth::{generate, Family, SynthConfig};
     let mut traces: Vec<memcast_trace::Trace> = memcast_trace::bundled::ALL
