@@ -32,13 +32,15 @@ fn stats_json_has_the_documented_keys() {
     assert_eq!(v["iterations"], 8);
 }
 
+/// The recorded PyTorch snapshot of `resnet50_b64_train`, shipped xz-compressed (33 KB)
+/// as test data.
+fn snapshot() -> std::path::PathBuf {
+    repo().join("training-data/tests/data/resnet50_b64_train.snapshot.pickle.xz")
+}
+
 #[test]
 fn import_from_pickle_matches_the_bundled_copy() {
-    let pickle = repo().join("../shared/traces/pytorch/resnet50_b64_train.snapshot.pickle");
-    if !pickle.exists() {
-        eprintln!("../shared not present: skipping the pickle import check");
-        return;
-    }
+    let pickle = snapshot();
     let out = tmp("resnet.mctrace");
     ok(&["trace", "import", s(&pickle), "-o", s(&out)]);
     let a = ok(&["trace", "stats", s(&out), "--json"]);
@@ -141,12 +143,8 @@ fn bad_input_is_a_clear_error_not_a_panic() {
     assert!(e.contains("/nonexistent/trace.pickle"), "{e}");
     // A truncated pickle names the byte offset.
     let cut = tmp("cut.pickle");
-    let pickle = repo().join("../shared/traces/pytorch/resnet50_b64_train.snapshot.pickle");
-    let data = match std::fs::read(&pickle) {
-        Ok(d) => d[..d.len() / 2].to_vec(),
-        Err(_) => b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x05".to_vec(),
-    };
-    std::fs::write(&cut, data).unwrap();
+    let d = memcast_trace::io::read_maybe_xz(&snapshot()).unwrap();
+    std::fs::write(&cut, &d[..d.len() / 2]).unwrap();
     let e = fails(&["trace", "stats", s(&cut)]);
     assert!(e.contains("offset") && e.contains("cut.pickle"), "{e}");
     // A damaged native file says so.

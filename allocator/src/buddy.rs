@@ -122,40 +122,6 @@ pub struct BuddyPool {
     index_runs: bool,
 }
 
-/// `[off, off + len)` split into aligned power-of-two pieces, largest first.
-#[derive(Clone, Copy)]
-pub struct Pieces {
-    off: u64,
-    end: u64,
-}
-
-impl Iterator for Pieces {
-    type Item = (u64, u8);
-    #[inline]
-    fn next(&mut self) -> Option<(u64, u8)> {
-        if self.off >= self.end {
-            return None;
-        }
-        let align = if self.off == 0 {
-            63
-        } else {
-            self.off.trailing_zeros() as u8
-        };
-        let fit = 63 - (self.end - self.off).leading_zeros() as u8;
-        let o = align.min(fit);
-        let piece = (self.off, o);
-        self.off += 1u64 << o;
-        Some(piece)
-    }
-}
-
-pub fn pieces(off: u64, len: u64) -> Pieces {
-    Pieces {
-        off,
-        end: off + len,
-    }
-}
-
 impl BuddyPool {
     pub fn new(min_block: u64) -> Self {
         assert!(min_block.is_power_of_two());
@@ -533,11 +499,6 @@ impl BuddyPool {
         self.ext.tail_free(seg)
     }
 
-    /// The block at the end of `seg`'s mapped prefix (NIL if nothing is mapped).
-    pub fn tail_block(&self, seg: u32) -> u32 {
-        self.ext.last(seg)
-    }
-
     /// Removes an entirely free segment; returns (base, mapped).
     pub fn remove_segment(&mut self, seg: u32) -> (u64, u64) {
         let s = self.segs[seg].clone();
@@ -711,21 +672,6 @@ impl BuddyPool {
     #[inline(always)]
     pub fn run_has_free_neighbour(&self, seg: u32, blk: u32) -> bool {
         !(self.segs[seg].tree || self.index_runs) && self.ext.has_free_neighbour(blk)
-    }
-
-    /// Re-tags a Used run with a new owner.
-    pub fn retag(&mut self, seg: u32, off: u64, len: u64, owner: u32) {
-        if !self.segs[seg].tree {
-            if let Some(r) = self.runs.get_mut(&(seg, off)) {
-                r.1 = owner;
-            }
-            return;
-        }
-        for (poff, _) in pieces(off, len) {
-            let i = self.locate(seg, poff);
-            debug_assert_eq!(self.nodes[i as usize].state, State::Used);
-            self.nodes[i as usize].owner = owner;
-        }
     }
 
     /// The owner tag of the Used node holding segment offset `off`, if any.

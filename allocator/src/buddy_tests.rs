@@ -4,16 +4,6 @@ use super::*;
 const MIB: u64 = 1 << 20;
 
 #[test]
-fn pieces_are_aligned_and_cover_the_range() {
-    let p: Vec<_> = pieces(6 * MIB, 10 * MIB).collect();
-    assert_eq!(p, vec![(6 * MIB, 21), (8 * MIB, 23)]);
-    let p: Vec<_> = pieces(0, 10 * MIB).collect();
-    assert_eq!(p, vec![(0, 23), (8 * MIB, 21)]);
-    let total: u64 = pieces(256, 12345 * 256).map(|(_, o)| 1u64 << o).sum();
-    assert_eq!(total, 12345 * 256);
-}
-
-#[test]
 fn non_power_of_two_segment_serves_an_exact_run_and_merges_back() {
     let mut b = BuddyPool::new(256);
     b.set_best_fit(false); // the buddy tree itself

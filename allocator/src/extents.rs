@@ -115,7 +115,7 @@ pub struct Extents {
 impl Default for Extents {
     fn default() -> Self {
         Extents {
-            blks: Table(Vec::new()),
+            blks: Table::default(),
             dead: Vec::new(),
             ends: Vec::new(),
             growable: Vec::new(),
@@ -396,7 +396,7 @@ impl Extents {
     #[inline]
     pub fn take(&mut self, i: u32, off: u64, len: u64) -> u32 {
         // Checked: `i` comes from outside this module.
-        let b = &self.blks.0[i as usize];
+        let b = self.blks.at(i);
         let (boff, blen, left, right) = (b.off, b.len, b.left, b.right);
         // The state check stays on in release builds (a stale block index would
         // otherwise corrupt the tiling); the range comes from `best_fit`/`span`.
@@ -456,7 +456,7 @@ impl Extents {
     /// merge). O(1): two block reads.
     #[inline]
     pub fn has_free_neighbour(&self, i: u32) -> bool {
-        let b = &self.blks.0[i as usize];
+        let b = self.blks.at(i);
         let free = |j: u32| j != NIL && self.blks[j].state == BlkState::Free;
         free(b.left) || free(b.right)
     }
@@ -465,7 +465,7 @@ impl Extents {
     #[inline]
     pub fn release(&mut self, i: u32) {
         // Checked: `i` comes from outside this module.
-        let b = &self.blks.0[i as usize];
+        let b = self.blks.at(i);
         assert_eq!(
             b.state,
             BlkState::Used,
@@ -509,7 +509,7 @@ impl Extents {
     pub fn containing(&self, seg: u32, off: u64, len: u64) -> Option<u32> {
         let mut i = self.ends.get(seg as usize)?.0;
         while i != NIL {
-            let b = &self.blks.0[i as usize];
+            let b = self.blks.at(i);
             if b.off + b.len > off {
                 let inside = b.off <= off && off + len <= b.off + b.len;
                 return (inside && b.state == BlkState::Free).then_some(i);
@@ -597,8 +597,8 @@ impl Extents {
         let mut walk = |head: u32| {
             let mut i = head;
             while i != NIL {
-                best = best.max(self.blks.0[i as usize].len);
-                i = self.blks.0[i as usize].next;
+                best = best.max(self.blks.at(i).len);
+                i = self.blks.at(i).next;
             }
         };
         for k in 0..2 {
@@ -633,7 +633,7 @@ impl Extents {
             if i == NIL {
                 return None;
             }
-            let b = &self.blks.0[i as usize];
+            let b = self.blks.at(i);
             i = b.right;
             Some((b.off, b.len, b.state == BlkState::Free))
         })
@@ -662,7 +662,7 @@ impl Extents {
                 }
                 let (mut i, mut prev) = (self.heads[k][b], NIL);
                 while i != NIL {
-                    let e = &self.blks.0[i as usize];
+                    let e = &self.blks.at(i);
                     if e.state != BlkState::Free
                         || self.bin_for(i, e.len) != b
                         || e.bin as usize != b
@@ -687,7 +687,7 @@ impl Extents {
             let (first, last) = self.ends.get(seg as usize).copied().unwrap_or((NIL, NIL));
             let (mut i, mut left, mut left_free) = (first, NIL, false);
             while i != NIL {
-                let b = &self.blks.0[i as usize];
+                let b = self.blks.at(i);
                 if b.seg != seg || b.off != cur || b.len == 0 || b.left != left {
                     return Err(format!(
                         "segment {seg}: block {i} at {} (len {}) breaks the tiling at {cur}",

@@ -3,37 +3,51 @@
 //!
 //! - [`backend`]: the [`DeviceBackend`] trait (segments, copies,
 //!   streams, events, time) with the `host` and `sim` backends and composable adaptors;
-//! - [`buddy`]: segments as buddy trees (power-of-two blocks as index-linked nodes, runs
+//! - `buddy`: segments as buddy trees (power-of-two blocks as index-linked nodes, runs
 //!   of blocks for non-power-of-two requests); large segments keep no tree;
 //! - [`extents`]: the placement index (blocks in address order, best fit over the free
 //!   ones in TLSF bins);
-//! - [`slab`]: size classes and slabs for small objects;
-//! - [`pool`] + `maint` + `record` + `run_cache`: the [`Allocator`] (per-stream pools,
+//! - `slab`: size classes and slabs for small objects;
+//! - `pool` + `maint` + `record` + `run_cache`: the [`Allocator`] (per-stream pools,
 //!   caches of freed runs, growth, release) and its record table;
 //! - [`policy`]: the decisions a forecaster can take over (growth, release, advice);
 //! - [`predictive`]: predictive mode: the online path from the allocator's events to
 //!   the forecaster, and from its forecasts to advice;
 //! - [`stats`]: what it counts; [`config`]: its knobs and `MEMCAST_ALLOC_CONF`;
-//! - [`shared`]: a thread-safe wrapper;
+//! - `shared`: a thread-safe wrapper ([`SharedAllocator`]);
 //! - [`replay`]: trace replay through `memcast`, a PyTorch emulation, and `naive`.
 //!
 //! See docs/allocator.md for the design, the measurements and how to reproduce them.
+//!
+//! # Where `unsafe` lives
+//!
+//! Only where it must, each block with a `// SAFETY:` comment naming the invariant that
+//! makes it sound:
+//! - `table`: the unchecked `u32` index of the allocator's tables (ids only the
+//!   allocator makes; a caller's handle is checked before it indexes anything);
+//! - [`backend::host`]: the host backend's heap regions (allocation, copies within
+//!   checked ranges);
+//! - the CUDA backend ([`backend::cuda`] and its `cuda_host`, `cuda_vmm`,
+//!   `cuda_kernels` modules): driver calls through `cudarc`'s raw API.
+//!
+//! Everything else, the allocator's logic included, is safe code; a handle, stream or
+//! pointer a caller supplies is checked and refused with an [`AllocError`].
 
 pub mod backend;
-pub mod buddy;
+mod buddy;
 pub mod config;
-pub mod error;
+mod error;
 pub mod extents;
 mod fxmap;
 mod maint;
 pub mod policy;
-pub mod pool;
+mod pool;
 pub mod predictive;
 mod record;
 pub mod replay;
 mod run_cache;
-pub mod shared;
-pub mod slab;
+mod shared;
+mod slab;
 pub mod stats;
 mod table;
 pub mod tier;

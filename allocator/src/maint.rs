@@ -95,7 +95,7 @@ impl<B: DeviceBackend> Allocator<B> {
         small: bool,
     ) -> Option<Run> {
         let scan = self.cfg.run_scan;
-        let pool = self.pools[stream].as_mut()?;
+        let pool = self.pools[stream as usize].as_mut()?;
         let spot = pool.buddy.find_run(len, scan, small)?;
         Some(pool.buddy.carve(spot, len, owner))
     }
@@ -147,7 +147,7 @@ impl<B: DeviceBackend> Allocator<B> {
     ) -> Result<Run, BackendError> {
         let granule = self.granule();
         if self.use_growable() {
-            let seg = match self.pools[stream]
+            let seg = match self.pools[stream as usize]
                 .as_ref()
                 .and_then(|p| p.growable[small as usize])
             {
@@ -157,13 +157,13 @@ impl<B: DeviceBackend> Allocator<B> {
                     // exhaust it before physical memory runs out (PyTorch: 1.125x).
                     let va = self.backend.capacity().next_power_of_two().max(granule) * 2;
                     let base = self.backend.reserve_growable(va)?;
-                    let pool = self.pools[stream].as_mut().expect("pool");
+                    let pool = self.pools[stream as usize].as_mut().expect("pool");
                     let s = pool.buddy.add_segment(base.0, 0, va, true, small);
                     pool.growable[small as usize] = Some(s);
                     s
                 }
             };
-            let pool = self.pools[stream].as_ref().expect("pool");
+            let pool = self.pools[stream as usize].as_ref().expect("pool");
             let (base, mapped) = {
                 let s = &pool.buddy.segs[seg];
                 (s.base, s.mapped)
@@ -180,7 +180,7 @@ impl<B: DeviceBackend> Allocator<B> {
             if deficit == 0 {
                 // The free tail already holds the run (placement did not choose it,
                 // e.g. under buddy placement): no device call.
-                let pool = self.pools[stream].as_mut().expect("pool");
+                let pool = self.pools[stream as usize].as_mut().expect("pool");
                 return Ok(pool.buddy.carve_tail(seg, mapped - tail, len, owner));
             }
             let mut add = self
@@ -195,7 +195,7 @@ impl<B: DeviceBackend> Allocator<B> {
             }
             self.stats.device_allocs += 1;
             self.stats.reserved.add(add);
-            let pool = self.pools[stream].as_mut().expect("pool");
+            let pool = self.pools[stream as usize].as_mut().expect("pool");
             pool.reserved += add;
             pool.buddy.map_more(seg, add);
             let run = pool.buddy.carve_tail(seg, mapped - tail, len, owner);
@@ -214,7 +214,7 @@ impl<B: DeviceBackend> Allocator<B> {
             };
             self.stats.device_allocs += 1;
             self.stats.reserved.add(size);
-            let pool = self.pools[stream].as_mut().expect("pool");
+            let pool = self.pools[stream as usize].as_mut().expect("pool");
             pool.reserved += size;
             let seg = pool
                 .buddy
@@ -241,7 +241,7 @@ impl<B: DeviceBackend> Allocator<B> {
     }
 
     fn apply_release_policy(&mut self, stream: StreamId, seg: u32) -> Result<(), AllocError> {
-        let pool = self.pools[stream].as_ref().expect("pool");
+        let pool = self.pools[stream as usize].as_ref().expect("pool");
         let s = &pool.buddy.segs[seg];
         if !s.live {
             return Ok(());
@@ -275,7 +275,7 @@ impl<B: DeviceBackend> Allocator<B> {
     /// Gives a free fixed segment back to the device, or the free tail of a growable one.
     fn release_segment(&mut self, stream: StreamId, seg: u32) -> Result<u64, AllocError> {
         let granule = self.granule();
-        let pool = self.pools[stream].as_mut().expect("pool");
+        let pool = self.pools[stream as usize].as_mut().expect("pool");
         let s = pool.buddy.segs[seg].clone();
         if s.growable {
             let t = pool.buddy.trailing_free(seg);
@@ -284,7 +284,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 return Ok(0);
             }
             self.backend.shrink(DevicePtr(s.base), s.mapped, release)?;
-            let pool = self.pools[stream].as_mut().expect("pool");
+            let pool = self.pools[stream as usize].as_mut().expect("pool");
             pool.buddy.unmap_tail(seg, release);
             pool.reserved -= release;
             self.stats.reserved.sub(release);
@@ -293,7 +293,7 @@ impl<B: DeviceBackend> Allocator<B> {
         } else if s.used == 0 {
             self.backend
                 .deallocate(DevicePtr(s.base), s.mapped, stream)?;
-            let pool = self.pools[stream].as_mut().expect("pool");
+            let pool = self.pools[stream as usize].as_mut().expect("pool");
             pool.buddy.remove_segment(seg);
             pool.reserved -= s.mapped;
             self.stats.reserved.sub(s.mapped);
@@ -312,7 +312,7 @@ impl<B: DeviceBackend> Allocator<B> {
         self.coalesce()?;
         let mut freed = 0;
         for stream in 0..self.pools.len() as u32 {
-            let Some(pool) = self.pools[stream].as_ref() else {
+            let Some(pool) = self.pools[stream as usize].as_ref() else {
                 continue;
             };
             let segs: Vec<u32> = pool.buddy.live_segments().map(|(i, _)| i).collect();
@@ -329,7 +329,7 @@ impl<B: DeviceBackend> Allocator<B> {
     pub fn coalesce(&mut self) -> Result<(), AllocError> {
         self.process_pending(true)?;
         for stream in 0..self.pools.len() as u32 {
-            if self.pools[stream].is_none() {
+            if self.pools[stream as usize].is_none() {
                 continue;
             }
             self.flush_cache(stream)?;
@@ -456,9 +456,10 @@ impl<B: DeviceBackend> Allocator<B> {
     }
 
     /// Applies one piece of advice from a forecaster (predictive mode). Advice the
-    /// allocator cannot follow safely is ignored; errors are only backend failures
-    /// other than out-of-memory (an OOM while following advice is not an error: the
-    /// advice was just too optimistic).
+    /// allocator cannot follow safely is ignored; errors are an unknown stream
+    /// ([`AllocError::UnknownStream`]) and backend failures other than out-of-memory
+    /// (an OOM while following advice is not an error: the advice was just too
+    /// optimistic).
     pub fn apply_advice(&mut self, advice: Advice) -> Result<(), AllocError> {
         self.in_advice = true;
         let r = self.follow(advice);
@@ -471,6 +472,8 @@ impl<B: DeviceBackend> Allocator<B> {
             Advice::EnsureFree { stream, bytes } => {
                 let growable = self.use_growable();
                 let min_block = self.cfg.min_block;
+                // More than the device holds cannot be followed: as much as it holds.
+                let bytes = bytes.min(self.backend.capacity());
                 let pool = self.pool_mut(stream)?;
                 let free = pool.buddy.free_bytes() + pool.cache.bytes();
                 if free >= bytes {
@@ -490,7 +493,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 let id = self.records.len() as u32;
                 match self.grow(stream, len, id, false) {
                     Ok(run) => {
-                        let pool = self.pools[stream].as_mut().expect("pool");
+                        let pool = self.pools[stream as usize].as_mut().expect("pool");
                         pool.buddy.free_run(run, len);
                         Ok(())
                     }
@@ -503,7 +506,8 @@ impl<B: DeviceBackend> Allocator<B> {
                 bytes,
                 count,
             } => {
-                if bytes < self.classes.small_max() || bytes == 0 {
+                // Small sizes are slab slots; above `request_cap` a run cannot exist.
+                if bytes < self.classes.small_max() || bytes == 0 || bytes > self.request_cap {
                     return Ok(());
                 }
                 let len = bytes.next_multiple_of(self.cfg.min_block);
@@ -520,7 +524,7 @@ impl<B: DeviceBackend> Allocator<B> {
                         }
                     };
                     // Straight into the cache: ready for an O(1) hit.
-                    let pool = self.pools[stream].as_mut().expect("pool");
+                    let pool = self.pools[stream as usize].as_mut().expect("pool");
                     let base = pool.buddy.segs[run.seg].base;
                     let r = &mut self.records[id];
                     r.ptr = base + run.off;
@@ -548,7 +552,7 @@ impl<B: DeviceBackend> Allocator<B> {
                     (s.base, s.mapped)
                 };
                 self.backend.shrink(DevicePtr(base), mapped, release)?;
-                let pool = self.pools[stream].as_mut().expect("pool");
+                let pool = self.pools[stream as usize].as_mut().expect("pool");
                 pool.buddy.unmap_tail(seg, release);
                 pool.reserved -= release;
                 self.stats.reserved.sub(release);
@@ -567,7 +571,7 @@ impl<B: DeviceBackend> Allocator<B> {
                     .map(|(i, s)| (i, s.mapped))
                     .collect();
                 for (seg, _) in segs {
-                    let free = self.pools[stream]
+                    let free = self.pools[stream as usize]
                         .as_ref()
                         .expect("pool")
                         .buddy
@@ -618,7 +622,7 @@ impl<B: DeviceBackend> Allocator<B> {
             }
         }
         for (&id, &mask) in &self.uses {
-            let r = self.records.get(id as usize);
+            let r = self.records.get(id);
             if mask == 0 || !r.is_some_and(|r| r.state == RecState::Live && r.has_uses()) {
                 return bad(format!(
                     "use mask of record {id} without a live flagged record"
@@ -666,7 +670,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 .enumerate()
                 .flat_map(|(c, l)| l.iter().map(move |&id| (c % pool.partial.len(), id)))
             {
-                let ok = self.slabs.get(id as usize).is_some_and(|sl| {
+                let ok = self.slabs.get(id).is_some_and(|sl| {
                     sl.live && sl.stream as usize == s && sl.class as usize == class
                 });
                 if !ok || !seen.insert(id) {

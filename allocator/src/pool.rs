@@ -144,7 +144,9 @@ pub struct Allocator<B: DeviceBackend> {
     /// costs a free nothing (no segment look, no virtual call).
     pub(crate) release_active: bool,
     pub(crate) classes: SizeClasses,
-    pub(crate) pools: Table<Option<StreamPool>>,
+    /// Per stream id: its pool, once used. A `Vec`, not a [`Table`]: stream ids come
+    /// from callers, so every index is checked.
+    pub(crate) pools: Vec<Option<StreamPool>>,
     pub(crate) streams: u32,
     pub(crate) records: Table<Record>,
     pub(crate) free_records: Vec<u32>,
@@ -209,7 +211,7 @@ impl<B: DeviceBackend> Allocator<B> {
             growth,
             release_active: release.active(),
             release,
-            pools: Table::default(),
+            pools: Vec::new(),
             streams: 1,
             records: Table::default(),
             free_records: Vec::new(),
@@ -266,7 +268,7 @@ impl<B: DeviceBackend> Allocator<B> {
         if !matches!(self.pools.get(stream as usize), Some(Some(_))) {
             self.create_pool(stream)?;
         }
-        Ok(self.pools[stream].as_mut().expect("pool created"))
+        Ok(self.pools[stream as usize].as_mut().expect("pool created"))
     }
 
     #[cold]
@@ -282,7 +284,7 @@ impl<B: DeviceBackend> Allocator<B> {
         let nclasses = self.classes.len();
         let min_block = self.cfg.min_block;
         let best_fit = self.cfg.best_fit;
-        self.pools.0[i].get_or_insert_with(|| StreamPool {
+        self.pools[i].get_or_insert_with(|| StreamPool {
             buddy: {
                 let mut b = BuddyPool::new(min_block);
                 b.set_best_fit(best_fit);
@@ -429,7 +431,7 @@ impl<B: DeviceBackend> Allocator<B> {
             .expect("partial slab has a free slot");
         if slab.free_slots() == 0 {
             slab.in_partial = false;
-            if let Some(p) = self.pools[stream].as_mut() {
+            if let Some(p) = self.pools[stream as usize].as_mut() {
                 p.partial[class].pop();
             }
         }
@@ -483,7 +485,7 @@ impl<B: DeviceBackend> Allocator<B> {
             }
         };
         self.stats.slabs_carved += 1;
-        let pool = self.pools[stream].as_mut().expect("pool exists");
+        let pool = self.pools[stream as usize].as_mut().expect("pool exists");
         let base = pool.buddy.segs[run.seg].base + run.off;
         pool.partial[class].push(id);
         // One record per slot, for the slab's life (O(capacity) here, none per alloc).
@@ -518,8 +520,10 @@ impl<B: DeviceBackend> Allocator<B> {
     #[inline]
     fn alloc_large(&mut self, bytes: u64, stream: StreamId) -> Result<u32, AllocError> {
         // A mask, not `next_multiple_of` (a 64-bit division, ~9% of a large alloc):
-        // `validate` makes min_block a power of two.
-        let len = (bytes + self.cfg.min_block - 1) & !(self.cfg.min_block - 1);
+        // `validate` makes min_block a power of two. Wrapping: a request within
+        // `min_block` of `u64::MAX` wraps to 0 here, and is over `request_cap`, so it
+        // leaves for `alloc_large_slow`, which refuses it as too large.
+        let len = bytes.wrapping_add(self.cfg.min_block - 1) & !(self.cfg.min_block - 1);
         let scan = self.cfg.run_scan;
         let over_max = bytes > self.request_cap;
         let Some(Some(pool)) = self.pools.get_mut(stream as usize) else {
@@ -542,7 +546,7 @@ impl<B: DeviceBackend> Allocator<B> {
         let mut pool = pool;
         if pool.cache.runs() > 0 {
             self.flush_cache(stream)?;
-            pool = self.pools[stream].as_mut().expect("pool");
+            pool = self.pools[stream as usize].as_mut().expect("pool");
         }
         if let Some(spot) = pool.buddy.find_run(len, scan, false) {
             // The record id comes first so that the run's nodes carry it.
@@ -584,7 +588,12 @@ impl<B: DeviceBackend> Allocator<B> {
                 return Err(e);
             }
         };
-        let base = self.pools[stream].as_ref().expect("pool").buddy.segs[run.seg].base;
+        let base = self.pools[stream as usize]
+            .as_ref()
+            .expect("pool")
+            .buddy
+            .segs[run.seg]
+            .base;
         self.records[id].make_run(base, run, bytes, len, stream);
         Ok(id)
     }
@@ -593,7 +602,7 @@ impl<B: DeviceBackend> Allocator<B> {
     /// compares; naming what is wrong is out of line.
     #[inline]
     fn check_handle(&self, a: &Allocation) -> Result<u32, AllocError> {
-        match self.records.get(a.id as usize) {
+        match self.records.get(a.id) {
             Some(r) if r.gen == a.gen && r.state == RecState::Live && r.ptr == a.ptr.0 => Ok(a.id),
             _ => Err(self.handle_error(a)),
         }
@@ -603,7 +612,7 @@ impl<B: DeviceBackend> Allocator<B> {
     #[cold]
     #[inline(never)]
     fn handle_error(&self, a: &Allocation) -> AllocError {
-        let Some(r) = self.records.get(a.id as usize) else {
+        let Some(r) = self.records.get(a.id) else {
             return AllocError::UnknownAllocation {
                 what: format!("handle {} at {}", a.id, a.ptr),
             };
@@ -711,7 +720,7 @@ impl<B: DeviceBackend> Allocator<B> {
             } else {
                 owner
             };
-            let r = self.records.get(id as usize).ok_or_else(unknown)?;
+            let r = self.records.get(id).ok_or_else(unknown)?;
             if r.ptr != ptr.0 {
                 return Err(unknown());
             }
@@ -747,7 +756,9 @@ impl<B: DeviceBackend> Allocator<B> {
             return Ok(());
         }
         let (stream, size, (seg, blk)) = (r.stream(), r.size(), r.seg_blk());
-        let pool = self.pools[stream].as_mut().expect("pool of a live record");
+        let pool = self.pools[stream as usize]
+            .as_mut()
+            .expect("pool of a live record");
         pool.recent[recent_slot(size)] = size;
         // A run next to free memory is merged at once: caching it would keep a hole
         // smaller than the merge makes, and a later larger request would grow the
@@ -791,7 +802,9 @@ impl<B: DeviceBackend> Allocator<B> {
     fn slab_changed_list(&mut self, slab_id: u32) {
         let slab = &mut self.slabs[slab_id];
         let (class, stream) = (slab.class as usize, slab.stream);
-        let pool = self.pools[stream].as_mut().expect("pool of a slab");
+        let pool = self.pools[stream as usize]
+            .as_mut()
+            .expect("pool of a slab");
         if slab.used == 0 {
             // Empty: off the partial list; kept as a spare of its class, or, if the
             // class has enough, back to the buddy tree.

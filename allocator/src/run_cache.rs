@@ -138,7 +138,10 @@ impl RunCache {
 
     /// Every cached record with the slot it is listed in, and whether that slot's
     /// mask bit is set (for checks and statistics; O(cached runs + SLOTS)).
-    pub fn iter<'a>(&'a self, records: &'a [Record]) -> impl Iterator<Item = (u32, bool)> + 'a {
+    pub fn iter<'a>(
+        &'a self,
+        records: &'a Table<Record>,
+    ) -> impl Iterator<Item = (u32, bool)> + 'a {
         (0..SLOTS).flat_map(move |s| {
             let mut id = self.heads[s];
             let marked = self.mask[s / 64] >> (s % 64) & 1 == 1;
@@ -148,8 +151,8 @@ impl RunCache {
                 }
                 let this = id;
                 // Checked indexing: this walk is what finds a corrupt list.
-                id = records[id as usize].next();
-                Some((this, marked && slot_of(records[this as usize].size()) == s))
+                id = records.at(id).next();
+                Some((this, marked && slot_of(records.at(this).size()) == s))
             })
         })
     }

@@ -81,10 +81,6 @@ impl SizeClasses {
         self.sizes.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.sizes.is_empty()
-    }
-
     pub fn size(&self, class: usize) -> u64 {
         self.sizes[class]
     }
@@ -103,8 +99,8 @@ impl SizeClasses {
     }
 
     /// `(class, class size)` for a request of `bytes` (1 ..= small_max). O(1): a table
-    /// lookup.
-    #[inline]
+    /// lookup (what `class_index` returns, with the size; for the tests).
+    #[cfg(test)]
     pub fn class_of(&self, bytes: u64) -> (usize, u64) {
         let c = self.class_index(bytes);
         (c, self.sizes[c])
@@ -215,10 +211,6 @@ impl Slab {
         self.obj * self.capacity as u64
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.capacity == 0
-    }
-
     /// Slots free.
     #[inline]
     pub fn free_slots(&self) -> u32 {
@@ -272,7 +264,7 @@ impl Slab {
         let mut free = 0u32;
         for (s, &rid) in self.slot_rec.iter().enumerate() {
             let r = records
-                .get(rid as usize)
+                .get(rid)
                 .ok_or_else(|| format!("slab: slot {s} names record {rid}"))?;
             if !r.slab() || r.seg_or_slab != id || r.blk_or_slot != s as u32 || r.size() != self.obj
             {
@@ -290,7 +282,7 @@ impl Slab {
         let (mut i, mut n) = (self.free_head, 0u32);
         while i != NIL {
             let r = records
-                .get(i as usize)
+                .get(i)
                 .ok_or_else(|| format!("slab: free list names record {i}"))?;
             if !r.slab() || r.seg_or_slab != id || r.state != RecState::Free {
                 return Err(format!(
@@ -325,10 +317,10 @@ mod tests {
             blk: 0,
         };
         let (base, obj) = (4096, 256);
-        let mut records = Table(
+        let mut records = Table::from(
             (0..4u64)
                 .map(|s| Record::slab_slot(base + s * obj, obj, 7, s as u32, 0))
-                .collect(),
+                .collect::<Vec<_>>(),
         );
         let mut s = Slab::new(0, run, base, obj, 0, vec![0, 1, 2, 3], &mut records);
         s.check(7, &records).unwrap();

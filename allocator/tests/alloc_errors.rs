@@ -153,22 +153,6 @@ fn oom_releases_cached_memory_and_retries() {
 }
 
 #[test]
-fn cross_stream_frees_wait_for_events() {
-    let mut a = sim();
-    let s1 = a.create_stream(StreamPriority::Normal).unwrap();
-    let x = a.allocate(4 * MIB, 0).unwrap();
-    a.record_stream(&x, s1).unwrap();
-    a.deallocate(x, 0).unwrap();
-    assert_eq!(a.stats().deferred_frees, 1);
-    a.check_invariants().unwrap();
-    let y = a.allocate(4 * MIB, 0).unwrap();
-    a.deallocate(y, 0).unwrap();
-    a.empty_cache().unwrap();
-    a.check_invariants().unwrap();
-    assert_eq!(a.stats().reserved.current, 0);
-}
-
-#[test]
 fn conf_string_errors_are_config_errors() {
     let e = AllocConfig::default()
         .with_conf_string("growth_factor:0.5")

@@ -13,13 +13,14 @@ pub const MAX_HORIZON: usize = 8;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ModelConfig {
-    /// Input width (the featurizer's [`FEATURES`]). Default 16.
+    /// Input width: the featurizer's [`FEATURES`] (18), the only width `validate` accepts.
     pub features: usize,
-    /// Demand channels forecast per step ([`CHANNELS`]). Default 8.
+    /// Demand channels forecast per step: [`CHANNELS`] (9), the only count `validate`
+    /// accepts.
     pub channels: usize,
-    /// LSTM hidden size. Default 32: one step + forecast costs 4*32*(18+32) + 32*40
-    /// = 7.7k multiply-adds,
-    /// well inside the 10 us budget of embedded inference.
+    /// LSTM hidden size. Default 32: one step + forecast costs 4*32*(18+32) + 32*45
+    /// = 7.8k multiply-adds (gates, then a head of 5 horizons x 9 channels), well
+    /// inside the 10 us budget of embedded inference.
     pub hidden: usize,
     /// Stacked LSTM layers. Default 1.
     pub layers: usize,

@@ -1,6 +1,6 @@
 //! `memcast-predictor`: forecasts the next N steps of memory demand.
 //!
-//! - [`infer`], [`weights`], [`service`], [`forecaster`]: embedded inference, always
+//! - `infer`, [`weights`], [`service`], [`forecaster`]: embedded inference, always
 //!   built, no burn: a plain-Rust incremental LSTM loaded from safetensors, the
 //!   [`Forecaster`] trait with the LSTM, seasonal, oracle and no-forecast forecasters,
 //!   the online [`Engine`] (featurizer + forecaster) and the `ForecastService` thread
@@ -11,12 +11,12 @@
 //! Step features come from `memcast_trace::features` (one featurizer, offline and online).
 
 pub mod artifact;
-pub mod config;
+mod config;
 pub mod data;
-pub mod error;
+mod error;
 pub mod eval;
 pub mod forecaster;
-pub mod infer;
+mod infer;
 pub mod norm;
 pub mod service;
 #[cfg(feature = "train")]

@@ -242,3 +242,52 @@ fn empty_series_evaluates_to_nothing() {
     let r = evaluate(&s, None).unwrap();
     assert_eq!(r.steps, 0);
 }
+
+/// Sets its flag when dropped: the service's engine (and so this) is dropped when the
+/// service thread ends.
+struct DropFlag(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl memcast_predictor::Forecaster for DropFlag {
+    fn name(&self) -> &'static str {
+        "drop-flag"
+    }
+    fn horizon(&self) -> usize {
+        1
+    }
+    fn forecast(
+        &mut self,
+        _: &memcast_trace::features::Step,
+        _: &memcast_trace::features::StepFeaturizer,
+        _: &mut memcast_predictor::Forecast,
+    ) -> bool {
+        false
+    }
+}
+
+#[test]
+fn dropping_the_service_stops_and_joins_its_thread() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let flag = std::sync::Arc::new(AtomicBool::new(false));
+    let engine =
+        memcast_predictor::Engine::new(StepConfig::default(), Box::new(DropFlag(flag.clone())));
+    let mut svc = ForecastService::start(engine, 4, 0).unwrap();
+    assert!(svc.submit(&memcast_predictor::EventChunk::default()));
+    // Let the thread go idle (parked), so that only the stop can end it.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert!(
+        !flag.load(Ordering::SeqCst),
+        "the engine was dropped while the service ran"
+    );
+    drop(svc);
+    // `drop` returned: the thread has ended (joined), and dropped the engine with it.
+    assert!(
+        flag.load(Ordering::SeqCst),
+        "the service thread outlived its drop"
+    );
+}

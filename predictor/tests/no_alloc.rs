@@ -22,13 +22,16 @@ thread_local! {
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: the caller's contract for `alloc`, passed on unchanged.
         unsafe { System.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: `p` came from `System` (every allocation here does), with `l`.
         unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: as for `dealloc`; the caller's contract for `realloc` otherwise.
         unsafe { System.realloc(p, l, n) }
     }
 }

@@ -133,10 +133,14 @@ fn training_is_deterministic_and_records_round_trip() {
 
 #[test]
 fn training_learns_to_rescale() {
-    // Iterations change scale at random: the trained model must beat its untrained self
-    // on a held-out trace of the same family.
+    // Iterations change scale at random: on a held-out trace of the same family the
+    // trained model's WAPE is at least 10% below its untrained self's (which forecasts
+    // the base forecast: its corrections start near zero) and at least 20% below the
+    // best baseline's. Training is deterministic (seeded): measured 0.363 against
+    // 0.423 untrained and 0.500 for last value.
     let mut c = small_config();
-    c.train.epochs = 12;
+    c.train.epochs = 120;
+    c.train.patience = 1000;
     let data = dataset(&c);
     let out = train_with(BackendKind::Ndarray, &data, &c, &mut NoProgress).unwrap();
     let first = out.history.first().unwrap().train_loss;
@@ -148,9 +152,27 @@ fn training_learns_to_rescale() {
         c.step,
         5,
     );
-    let mut trained = EmbeddedLstm::new(out.weights.clone()).unwrap();
-    let r = evaluate(&test, Some(&mut trained)).unwrap();
-    assert!(r.models["lstm"].wape.is_finite());
+    let wape = |w: Weights| {
+        let mut m = EmbeddedLstm::new(w).unwrap();
+        evaluate(&test, Some(&mut m)).unwrap()
+    };
+    let r = wape(out.weights.clone());
+    // Its untrained self: the same initialisation (seed) and normalisation, no epochs.
+    let untrained =
+        memcast_predictor::train::model::init_weights(&c, out.weights.norm.clone(), c.train.seed)
+            .unwrap();
+    let u = wape(untrained);
+    let (trained, before) = (r.models["lstm"].wape, u.models["lstm"].wape);
+    let (baseline, best) = r.best_baseline();
+    eprintln!("held-out WAPE: trained {trained:.4}, untrained {before:.4}, {baseline} {best:.4}");
+    assert!(
+        trained < 0.9 * before,
+        "trained {trained} vs untrained {before}"
+    );
+    assert!(
+        trained < 0.8 * best,
+        "trained {trained} vs {baseline} {best}"
+    );
 }
 
 #[test]

@@ -199,8 +199,10 @@ pub struct StepFeaturizer {
 }
 
 impl StepFeaturizer {
-    /// A featurizer for a run whose pre-existing (static) blocks are given as
-    /// `(id, bytes)`; frees of them are then accounted.
+    /// A featurizer with nothing live, cutting steps as `cfg` says. Blocks live before
+    /// the first event are registered afterwards: [`add_static`](Self::add_static) (by
+    /// tensor id, so that their frees are accounted) or [`push_setup`](Self::push_setup)
+    /// (bytes only).
     pub fn new(cfg: StepConfig) -> Self {
         Self {
             cfg: StepConfig {
@@ -650,3 +652,7 @@ pub fn steps(trace: &Trace, cfg: StepConfig) -> Vec<Step> {
 #[cfg(test)]
 #[path = "features_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "features_reference.rs"]
+mod reference;

@@ -147,10 +147,10 @@ fn features_are_scale_free() {
     }
 }
 
-#[test]
-fn online_equals_offline() {
-    // Pseudo-random events, fed one by one to a fresh featurizer, as the allocator does.
-    let mut seed = 0x9e3779b97f4a7c15u64;
+/// Pseudo-random events over every kind, sizes over every class group, a static block
+/// freed on the way, a reused id.
+fn random_trace(seed: u64, n: u64) -> Trace {
+    let mut seed = seed | 1;
     let mut rnd = move || {
         seed ^= seed << 13;
         seed ^= seed >> 7;
@@ -158,10 +158,10 @@ fn online_equals_offline() {
         seed
     };
     let mut events = Vec::new();
-    let mut live: Vec<u64> = Vec::new();
-    for t in 0..5000u64 {
+    let mut live: Vec<u64> = vec![1];
+    for t in 0..n {
         let r = rnd() % 100;
-        let kind = if r < 2 {
+        let kind = if r < 3 {
             EventKind::IterationBoundary
         } else if r < 50 || live.is_empty() {
             live.push(t + 10);
@@ -182,7 +182,7 @@ fn online_equals_offline() {
         };
         events.push(ev(t, kind));
     }
-    let trace = Trace {
+    Trace {
         static_blocks: vec![StaticBlock {
             id: 1,
             bytes: 12345,
@@ -190,29 +190,7 @@ fn online_equals_offline() {
         }],
         events,
         ..Default::default()
-    };
-    let offline = featurize(&trace, cfg(7), 4);
-    let mut f = StepFeaturizer::new(cfg(7));
-    f.add_static(1, 12345);
-    let mut online = Vec::new();
-    for e in &trace.events {
-        if let Some(s) = f.push(e) {
-            online.push((s, (1..=4).map(|h| f.base_forecast(h)).collect::<Vec<_>>()));
-        }
-        f.check_invariants().unwrap();
     }
-    if let Some(s) = f.finish() {
-        online.push((s, (1..=4).map(|h| f.base_forecast(h)).collect()));
-    }
-    assert_eq!(offline.len(), online.len());
-    for (a, (s, base)) in offline.iter().zip(&online) {
-        assert_eq!(&a.step, s);
-        assert_eq!(&a.base, base);
-    }
-    // Conservation: requested - freed over the series == live at the end - static.
-    let req: u64 = offline.iter().map(|r| r.step.values[CH_TOTAL]).sum();
-    let freed: u64 = offline.iter().map(|r| r.step.values[CH_FREED]).sum();
-    assert_eq!(12345 + req - freed, f.live_bytes());
 }
 
 #[test]
@@ -229,43 +207,43 @@ fn empty_trace_gives_no_steps() {
 }
 
 #[test]
-fn online_equals_offline_on_bundled_real_traces() {
-    // The converted real traces shipped in training-data/traces: feed every event to a
-    // fresh featurizer as the allocator would, compare with the offline series.
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("traces");
-    let mut checked = 0;
-    for entry in std::fs::read_dir(&dir).expect("bundled traces") {
-        let path = entry.unwrap().path();
-        if path.extension().and_then(|e| e.to_str()) != Some("mctrace") {
-            continue;
-        }
-        let trace = crate::io::load_trace(&path).unwrap();
-        let offline = featurize(&trace, StepConfig::default(), 5);
-        let mut f = StepFeaturizer::new(StepConfig::default());
-        for b in &trace.static_blocks {
-            f.add_static(b.id, b.bytes);
-        }
-        let mut n = 0;
-        for e in &trace.events {
-            if let Some(s) = f.push(e) {
-                assert_eq!(s, offline[n].step, "{}: step {n}", path.display());
-                for h in 1..=5 {
-                    assert_eq!(f.base_forecast(h), offline[n].base[h - 1]);
-                }
-                n += 1;
-            }
-        }
-        if let Some(s) = f.finish() {
-            assert_eq!(s, offline[n].step);
-            n += 1;
-        }
-        assert_eq!(n, offline.len());
-        assert!(n > 100, "{}: only {n} steps", path.display());
-        checked += 1;
+fn steps_and_features_equal_the_reference_on_random_traces() {
+    for (seed, n, cfg) in [
+        (
+            0x9e37_79b9_7f4a_7c15,
+            5000,
+            StepConfig {
+                allocs_per_step: 7,
+                restart_at_iteration: true,
+            },
+        ),
+        (
+            77,
+            3000,
+            StepConfig {
+                allocs_per_step: 16,
+                restart_at_iteration: true,
+            },
+        ),
+        (
+            5,
+            3000,
+            StepConfig {
+                allocs_per_step: 5,
+                restart_at_iteration: false,
+            },
+        ),
+    ] {
+        let t = random_trace(seed, n);
+        super::reference::check(&t, cfg, &format!("random {seed}"));
     }
-    assert!(
-        checked >= 2,
-        "expected the bundled real traces in {}",
-        dir.display()
-    );
+}
+
+#[test]
+fn steps_and_features_equal_the_reference_on_bundled_real_traces() {
+    for b in crate::bundled::ALL {
+        let t = b.load().unwrap();
+        let n = super::reference::check(&t, StepConfig::default(), b.name);
+        assert!(n > 100, "{}: only {n} steps", b.name);
+    }
 }

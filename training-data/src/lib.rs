@@ -1,6 +1,6 @@
 //! `memcast-trace`: the step traces memcast learns from and replays.
 //!
-//! - [`model`]: events, static blocks, tensor metadata ([`Trace`]).
+//! - `model`: events, static blocks, tensor metadata ([`Trace`], re-exported here).
 //! - [`pickle`] + [`snapshot`]: import of PyTorch `torch.cuda.memory._snapshot()` pickles.
 //! - [`native`]: the versioned binary format (optionally zstd); [`export`]: CSV / JSON Lines.
 //! - [`io`]: [`io::load_trace`] reads any of them, detected by content.
@@ -8,13 +8,15 @@
 //! - [`synth`]: synthetic traces from computation graphs, with liveness analysis.
 //! - [`features`]: the step featurizer, one implementation used offline and online.
 
+#![forbid(unsafe_code)]
+
 pub mod bundled;
 pub mod corpus;
-pub mod error;
+mod error;
 pub mod export;
 pub mod features;
 pub mod io;
-pub mod model;
+mod model;
 pub mod native;
 pub mod pickle;
 pub mod snapshot;

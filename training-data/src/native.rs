@@ -9,7 +9,7 @@
 //! | 10..12 | flags: bit 0 = payload is zstd-compressed |
 //! | 12..16 | CRC-32 of the uncompressed payload |
 //! | 16..24 | stored payload length in bytes |
-//! | 24.. | payload: [`postcard`] encoding of [`Wire`] |
+//! | 24.. | payload: [`postcard`] encoding of `Wire` |
 //!
 //! The payload is columnar so that varints stay short: times are deltas from the previous
 //! event, ids are zigzag deltas from the previous id-carrying event (frees usually name a

@@ -34,6 +34,64 @@ pub struct TraceStats {
     pub total_requested_bytes: u64,
 }
 
+/// The peaks of live requested bytes over a trace: the one computation behind
+/// [`TraceStats`] and the replay's sizing.
+///
+/// `requested(i) = static bytes not yet freed + bytes of trace tensors live after event
+/// i`; frees of static blocks count like any free. A free of a tensor that is not live
+/// frees nothing (`TraceStats::compute` refuses such a trace; this does not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peaks {
+    /// Max of live requested bytes of tensors allocated in the trace.
+    pub live: u64,
+    /// Max of `requested(i)` (static blocks included), and of the static bytes alone.
+    pub requested: u64,
+    /// First event index at which `requested` was reached (0 if at the start).
+    pub event: u64,
+}
+
+/// [`Peaks`] of `t`, in one pass.
+pub fn peaks(t: &Trace) -> Peaks {
+    let mut live: HashMap<TensorId, (u64, bool)> = t
+        .static_blocks
+        .iter()
+        .map(|b| (b.id, (b.bytes, true)))
+        .collect();
+    let (mut cur_trace, mut cur_static) = (0u64, t.static_bytes());
+    let mut p = Peaks {
+        live: 0,
+        requested: cur_static,
+        event: 0,
+    };
+    for (i, e) in t.events.iter().enumerate() {
+        match e.kind {
+            EventKind::Alloc { id, bytes, .. } => {
+                if let Some((old, is_static)) = live.insert(id, (bytes, false)) {
+                    // Allocated while live (an invalid trace): the old block is gone.
+                    if is_static {
+                        cur_static -= old;
+                    } else {
+                        cur_trace -= old;
+                    }
+                }
+                cur_trace += bytes;
+                p.live = p.live.max(cur_trace);
+                if cur_trace + cur_static > p.requested {
+                    p.requested = cur_trace + cur_static;
+                    p.event = i as u64;
+                }
+            }
+            EventKind::Free { id } => match live.remove(&id) {
+                Some((bytes, true)) => cur_static -= bytes,
+                Some((bytes, false)) => cur_trace -= bytes,
+                None => {}
+            },
+            _ => {}
+        }
+    }
+    p
+}
+
 impl TraceStats {
     /// Computes the statistics; fails (naming the event) if the trace frees or accesses a
     /// tensor that is not live.
@@ -44,8 +102,6 @@ impl TraceStats {
             .map(|b| (b.id, (b.bytes, true)))
             .collect();
         let static_bytes = t.static_bytes();
-        let (mut cur_trace, mut cur_static) = (0u64, static_bytes);
-        let (mut peak_live, mut peak_req, mut peak_event) = (0u64, static_bytes, 0u64);
         let (mut allocs, mut frees, mut accesses, mut total) = (0u64, 0u64, 0u64, 0u64);
         let mut sizes = HashSet::new();
         let mut streams: HashSet<u32> = t.static_blocks.iter().map(|b| b.stream).collect();
@@ -62,24 +118,13 @@ impl TraceStats {
                     total += bytes;
                     sizes.insert(bytes);
                     streams.insert(stream);
-                    cur_trace += bytes;
-                    peak_live = peak_live.max(cur_trace);
-                    if cur_trace + cur_static > peak_req {
-                        peak_req = cur_trace + cur_static;
-                        peak_event = i as u64;
-                    }
                 }
                 EventKind::Free { id } => {
-                    let (bytes, is_static) = live.remove(&id).ok_or(TraceError::Invalid {
+                    live.remove(&id).ok_or(TraceError::Invalid {
                         index: i as u64,
                         what: format!("free of tensor {id}, which is not live"),
                     })?;
                     frees += 1;
-                    if is_static {
-                        cur_static -= bytes;
-                    } else {
-                        cur_trace -= bytes;
-                    }
                 }
                 EventKind::Access { id, .. } => {
                     if !live.contains_key(&id) {
@@ -93,6 +138,7 @@ impl TraceStats {
                 EventKind::IterationBoundary => {}
             }
         }
+        let p = peaks(t);
         let duration_us = match (t.events.first(), t.events.last()) {
             (Some(a), Some(b)) => b.time_us - a.time_us,
             _ => 0,
@@ -105,9 +151,9 @@ impl TraceStats {
             accesses,
             static_blocks: t.static_blocks.len() as u64,
             static_bytes,
-            peak_live_bytes: peak_live,
-            peak_requested_bytes: peak_req,
-            peak_event,
+            peak_live_bytes: p.live,
+            peak_requested_bytes: p.requested,
+            peak_event: p.event,
             iterations: t.iterations() as u64,
             distinct_sizes: sizes.len() as u64,
             streams: streams.len().max(1) as u64,
@@ -173,6 +219,14 @@ mod tests {
             ..Default::default()
         };
         let s = TraceStats::compute(&t).unwrap();
+        assert_eq!(
+            peaks(&t),
+            Peaks {
+                live: 70,
+                requested: 80,
+                event: 1
+            }
+        );
         assert_eq!(s.peak_live_bytes, 70);
         assert_eq!(s.peak_requested_bytes, 80); // 50 static + 30, before the static free
         assert_eq!(s.peak_event, 1);

@@ -1,9 +1,14 @@
 //! Realism check of the synthetic traces against the real PyTorch recordings bundled in
-//! `training-data/traces/`: the synthetic ResNet-50 (batch 64, 224x224, fp32, SGD) and
-//! GPT-2-small (batch 8, seq 1024, bf16 autocast, AdamW) peaks of requested bytes
-//! (static + peak live) land within 30% of the real traces' (they land within 0.1%).
-//! Static bytes (1%) and allocations per iteration (10%) are checked too, and the same
-//! for BERT-base and the dynamic recordings.
+//! `training-data/traces/`. The bounds asserted, each a little above what is measured:
+//! - peak requested bytes (static + peak live) within 0.1% of the real trace's, for
+//!   ResNet-50 (batch 64, 224x224, fp32, SGD), GPT-2-small (batch 8, seq 1024, bf16
+//!   autocast, AdamW), BERT-base, MobileNetV3 and the three dynamic recordings;
+//!   static bytes within 1%, allocations per iteration within 10%;
+//! - the dynamic recordings iteration by iteration: peak live bytes within 0.1% (GPT-2,
+//!   BERT) and 3.5% (ResNet-50, 3.0% measured at 160 px: cuDNN picks other workspaces),
+//!   allocations within 10%;
+//! - a generation request of the real trace's largest shape: peak live bytes within 3%
+//!   (2.2% measured), allocations within 15%.
 //!
 //! `cargo test -p memcast-trace --test synth_realism -- --nocapture` prints the table
 //! quoted in docs/synthetic.md.
@@ -94,7 +99,10 @@ fn compare(name: &str, synth: &Trace) {
     );
     eprintln!("| | median us / iteration | {s_us} | {r_us} | {iter_us:.3} |");
     assert_eq!(s.iterations, r.iterations);
-    assert!((0.7..=1.3).contains(&peak), "{name}: peak ratio {peak:.3}");
+    assert!(
+        (0.999..=1.001).contains(&peak),
+        "{name}: peak ratio {peak:.5}"
+    );
     assert!(
         (0.99..=1.01).contains(&stat),
         "{name}: static ratio {stat:.3}"
@@ -106,7 +114,7 @@ fn compare(name: &str, synth: &Trace) {
 }
 
 #[test]
-fn resnet50_peak_within_30_percent_of_real() {
+fn resnet50_peak_within_a_tenth_of_a_percent_of_real() {
     compare(
         "resnet50_b64_train",
         &generate(&SynthConfig::resnet50()).unwrap(),
@@ -114,7 +122,7 @@ fn resnet50_peak_within_30_percent_of_real() {
 }
 
 #[test]
-fn gpt2_small_peak_within_30_percent_of_real() {
+fn gpt2_small_peak_within_a_tenth_of_a_percent_of_real() {
     compare(
         "gpt2_b8_s1024_train_bf16",
         &generate(&SynthConfig::gpt2_small()).unwrap(),
@@ -153,8 +161,8 @@ fn iterations(t: &Trace) -> Vec<(u64, u64, u64)> {
 
 /// Replays a real dynamic recording's own schedule (read off each iteration's first
 /// allocation, the input batch) and compares iteration by iteration: peak live bytes
-/// within 30% (they land within 0.1%) and allocations within 10%.
-fn compare_schedule(name: &str, cfg: SynthConfig) {
+/// within `peak_tolerance` and allocations within 10%.
+fn compare_schedule(name: &str, cfg: SynthConfig, peak_tolerance: f64) {
     let synth = generate(&cfg).unwrap();
     compare(name, &synth);
     let (s, r) = (iterations(&synth), iterations(&real(name)));
@@ -175,8 +183,8 @@ fn compare_schedule(name: &str, cfg: SynthConfig) {
             b.2
         );
         assert!(
-            (0.7..=1.3).contains(&peak),
-            "{name} iteration {i}: peak ratio {peak:.3}"
+            (1.0 - peak_tolerance..=1.0 + peak_tolerance).contains(&peak),
+            "{name} iteration {i}: peak ratio {peak:.5}"
         );
         assert!(
             (0.9..=1.1).contains(&allocs),
@@ -212,6 +220,7 @@ fn dynamic_recordings_match_iteration_by_iteration() {
             DynParam::Batch,
             &[4, 4, 4, 2, 8, 12, 2, 4, 8, 12, 8, 4],
         ),
+        0.001,
     );
     compare_schedule(
         "resnet50_multiscale_b32_train",
@@ -223,6 +232,7 @@ fn dynamic_recordings_match_iteration_by_iteration() {
             DynParam::Image,
             &[224, 224, 224, 192, 224, 160, 160, 192, 256, 256, 224, 224],
         ),
+        0.035,
     );
     compare_schedule(
         "bert_dynseq_b16_train",
@@ -234,6 +244,7 @@ fn dynamic_recordings_match_iteration_by_iteration() {
             DynParam::Seq,
             &[128, 128, 128, 128, 64, 128, 256, 64, 512, 128, 256, 512],
         ),
+        0.001,
     );
 }
 
@@ -241,7 +252,7 @@ fn dynamic_recordings_match_iteration_by_iteration() {
 /// prompt 384, 128 new tokens, fp32) against the real trace, whose peak is reached in
 /// its requests of that shape.
 #[test]
-fn generation_request_peak_within_30_percent_of_real() {
+fn generation_request_peak_within_3_percent_of_real() {
     use memcast_trace::synth::{GenSpec, Mode, Precision};
     let cfg = SynthConfig {
         mode: Mode::Generate,
@@ -266,14 +277,14 @@ fn generation_request_peak_within_30_percent_of_real() {
         "gpt2_generate_dynamic: request peak live {} vs real {} ({peak:.3}), static {} vs {}, allocs {} vs {} ({allocs:.3}), us {}",
         s.peak_live_bytes, r.peak_live_bytes, s.static_bytes, r.static_bytes, s.allocs, real_first, s.duration_us
     );
-    assert!((0.7..=1.3).contains(&peak), "peak ratio {peak:.3}");
+    assert!((0.97..=1.03).contains(&peak), "peak ratio {peak:.3}");
     assert!((0.85..=1.15).contains(&allocs), "allocs ratio {allocs:.3}");
     assert_eq!(s.static_bytes, r.static_bytes, "fp32 weights + workspaces");
 }
 
 /// MobileNetV3-Large (batch 128, 224x224, fp32, SGD).
 #[test]
-fn mobilenet_v3_peak_within_30_percent_of_real() {
+fn mobilenet_v3_peak_within_a_tenth_of_a_percent_of_real() {
     compare(
         "mobilenet_v3_b128_train",
         &generate(&SynthConfig::mobilenet_v3()).unwrap(),
@@ -282,7 +293,7 @@ fn mobilenet_v3_peak_within_30_percent_of_real() {
 
 /// BERT-base MLM (batch 32, seq 128, fp32, AdamW).
 #[test]
-fn bert_peak_within_30_percent_of_real() {
+fn bert_peak_within_a_tenth_of_a_percent_of_real() {
     compare(
         "bert_base_b32_s128_train",
         &generate(&SynthConfig::bert_base()).unwrap(),

@@ -12,8 +12,8 @@
 //! once (like `cuMemAddressReserve`); `grow`/`shrink` only move the accessible limit,
 //! which every read, write and copy checks.
 //!
-//! `unsafe` here and in the CUDA backend (`cuda.rs`, `cuda_host.rs`, `cuda_vmm.rs`,
-//! `cuda_kernels.rs`); each block says why it is sound.
+//! This file's `unsafe` is the regions' allocation and the copies within them; each
+//! block says why it is sound (the crate docs list every place `unsafe` lives).
 
 use std::alloc::Layout;
 use std::collections::BTreeMap;

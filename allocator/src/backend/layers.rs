@@ -151,9 +151,6 @@ impl<B: DeviceBackend> Limit<B> {
     pub fn limit(&self) -> u64 {
         self.limit
     }
-    pub fn set_limit(&mut self, limit: u64) {
-        self.limit = limit;
-    }
     fn check(&self, bytes: u64) -> Result<(), BackendError> {
         let used = self.inner.used();
         if used.saturating_add(bytes) > self.limit {

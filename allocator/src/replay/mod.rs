@@ -377,7 +377,7 @@ impl<B: DeviceBackend> ReplayTarget for Allocator<B> {
 pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
     let mut o = opts.clone();
     if o.host_capacity == 0 {
-        o.host_capacity = peak_requested(trace) / 2 * 3 + (1 << 30);
+        o.host_capacity = memcast_trace::stats::peaks(trace).requested / 2 * 3 + (1 << 30);
     }
     let opts = &o;
     let r = match (opts.policy, opts.device) {
@@ -480,25 +480,6 @@ pub fn trace_codes(trace: &Trace, skip_empty: bool) -> Vec<memcast_predictor::fo
         }
     }
     out
-}
-
-/// Peak of live requested bytes, static blocks included (one pass, no allocator).
-pub fn peak_requested(trace: &Trace) -> u64 {
-    let mut live: FxMap<u64, u64> = FxMap::default();
-    let mut cur: u64 = trace.static_blocks.iter().map(|b| b.bytes).sum();
-    let mut peak = cur;
-    for e in &trace.events {
-        match e.kind {
-            EventKind::Alloc { id, bytes, .. } => {
-                live.insert(id, bytes);
-                cur += bytes;
-                peak = peak.max(cur);
-            }
-            EventKind::Free { id } => cur -= live.remove(&id).unwrap_or(0),
-            _ => {}
-        }
-    }
-    peak
 }
 
 /// The replay loop over any [`ReplayTarget`].

@@ -1,6 +1,9 @@
 //! The PyTorch emulation against PyTorch itself: on every bundled real trace, the
-//! emulated peak reserved bytes against the native run's own `peak_reserved`
-//! (`pytorch_allocator_figures.jsonl`). Read only here, never by the emulation.
+//! emulated peak reserved bytes against the native run's own `peak_reserved`, and the
+//! trace's peak requested bytes against its `peak_allocated`
+//! (`pytorch_allocator_figures.jsonl`, what `torch.cuda.memory_stats()` reported at
+//! the end of the recorded run). Read only here, never by the emulation. No figure
+//! of the emulation's own earlier runs is asserted.
 
 use memcast_trace::bundled;
 
@@ -8,13 +11,13 @@ use crate::replay::pytorch::PytorchConfig;
 use crate::replay::warmup::Warmup;
 use crate::replay::{replay, Policy, ReplayOptions};
 
-/// The fidelity the emulation is held to.
+/// The fidelity the emulation is held to: peak reserved bytes within 5% of PyTorch's.
 const TOLERANCE: f64 = 0.05;
 
-/// The trace whose recording reserved no memory, its error with the first iteration as
-/// the warm-up (docs/allocator.md, "Validating the PyTorch emulation": its warm-up ran
-/// at its largest shape, which `auto` infers from the recording).
-const LARGEST_WARMUP: (&str, f64) = ("resnet50_multiscale_b32_train", 0.102);
+/// The trace whose recording reserved no memory (docs/allocator.md, "Validating the
+/// PyTorch emulation": its warm-up ran at its largest shape, which `auto` infers from
+/// the recording).
+const LARGEST_WARMUP: &str = "resnet50_multiscale_b32_train";
 
 /// The emulation's peak reserved bytes relative to PyTorch's, with `warmup` (`None`:
 /// the default configuration, what `memcast replay --policy pytorch` runs).
@@ -44,6 +47,20 @@ fn emulated_peak_reserved_is_within_five_percent_of_pytorch() {
     }
 }
 
+/// The demand replayed is the demand PyTorch saw: the trace's peak requested bytes are
+/// at most PyTorch's peak allocated bytes (which round each block up to 512 B) and
+/// within 1% of them.
+#[test]
+fn peak_requested_is_within_one_percent_below_pytorchs_peak_allocated() {
+    for b in bundled::ALL {
+        let t = b.load().unwrap();
+        let torch = bundled::pytorch_figures(b.name, "pytorch-native").unwrap();
+        let requested = memcast_trace::stats::peaks(&t).requested;
+        let e = requested as f64 / torch.peak_allocated as f64 - 1.0;
+        assert!((-0.01..=0.0).contains(&e), "{}: {:+.2}%", b.name, 100.0 * e);
+    }
+}
+
 #[test]
 fn auto_picks_the_largest_warm_up_only_where_the_recording_reserved_nothing() {
     for b in bundled::ALL {
@@ -53,19 +70,19 @@ fn auto_picks_the_largest_warm_up_only_where_the_recording_reserved_nothing() {
             ..Default::default()
         };
         let r = replay(&t, &opts).unwrap();
-        let want = if b.name == LARGEST_WARMUP.0 {
+        let want = if b.name == LARGEST_WARMUP {
             "largest"
         } else {
             "first"
         };
         assert_eq!(r.extra["warmup"]["iteration"], want, "{}", b.name);
     }
-    // With the first iteration as its warm-up, that trace misses as documented.
-    let (name, documented) = LARGEST_WARMUP;
-    let e = error(name, Some(Warmup::First));
+    // With the first iteration as its warm-up, that trace misses PyTorch by more than
+    // the tolerance: the choice `auto` makes is what brings it within.
+    let e = error(LARGEST_WARMUP, Some(Warmup::First));
     assert!(
-        (e - documented).abs() < 0.005,
-        "{name} (first): {:+.1}%",
+        e > TOLERANCE,
+        "{LARGEST_WARMUP} (first): {:+.1}%",
         100.0 * e
     );
 }
@@ -73,13 +90,13 @@ fn auto_picks_the_largest_warm_up_only_where_the_recording_reserved_nothing() {
 #[test]
 fn auto_reads_only_source_recordings() {
     use crate::replay::warmup::reserved_nothing_while_recording;
-    let mut t = bundled::get(LARGEST_WARMUP.0).unwrap().load().unwrap();
+    let mut t = bundled::get(LARGEST_WARMUP).unwrap().load().unwrap();
     assert!(reserved_nothing_while_recording(&t));
     // A trace with no source recording (synthetic, native) has no evidence either way.
     t.meta.source = "synthetic:resnet".into();
     assert!(!reserved_nothing_while_recording(&t));
     // A recording that reserved a segment started from less than it needed.
-    let mut t = bundled::get(LARGEST_WARMUP.0).unwrap().load().unwrap();
+    let mut t = bundled::get(LARGEST_WARMUP).unwrap().load().unwrap();
     t.source_segments.push(memcast_trace::SourceSegmentEvent {
         before_event: 0,
         bytes: 2 << 20,

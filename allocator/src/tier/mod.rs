@@ -65,7 +65,7 @@ pub struct TierConfig {
     /// Device budget in bytes: the watermarks are fractions of it.
     pub budget: u64,
     /// Start spilling (asynchronously) when allocated device bytes would pass
-    /// `high_watermark x budget` (the default: 90%).
+    /// `high_watermark x budget` (default 90%).
     pub high_watermark: f64,
     /// Spill down to `low_watermark x budget` (hysteresis: spills come in batches).
     pub low_watermark: f64,

@@ -30,6 +30,9 @@
 //! Codes: -1 error (see `memcast_last_error`), -2 internal error (a panic, caught),
 //! -3 bad argument. No panic crosses the boundary: every export runs under
 //! `catch_unwind`, logs to stderr and returns its failure value.
+//!
+//! `unsafe` is in this file only: reading the caller's C strings and writing into the
+//! caller's buffers, under each export's `# Safety` contract.
 
 pub mod record;
 pub mod state;

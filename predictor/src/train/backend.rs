@@ -78,21 +78,20 @@ fn train_cuda(_: &[Series], _: &ArtifactConfig, _: &mut dyn Progress) -> Result<
 pub fn cuda_available() -> Result<()> {
     let no = |s: String| Err(PredictorError::Config(s));
     // SAFETY: loading the CUDA driver library runs its initialisers, which is what
-    // cudarc would do next anyway; the symbols are used with their documented C
-    // signatures `CUresult cuInit(unsigned)` and `CUresult cuDeviceGetCount(int*)`.
-    unsafe {
-        let lib = match libloading::Library::new("libcuda.so.1")
-            .or_else(|_| libloading::Library::new("libcuda.so"))
-        {
-            Ok(l) => l,
-            Err(e) => {
-                return no(format!(
-                    "--backend cuda: no CUDA driver found (libcuda.so.1: {e})"
-                ))
-            }
-        };
-        let init: libloading::Symbol<unsafe extern "C" fn(u32) -> i32> = match lib.get(b"cuInit\0")
-        {
+    // cudarc would do next anyway.
+    let lib = match unsafe {
+        libloading::Library::new("libcuda.so.1").or_else(|_| libloading::Library::new("libcuda.so"))
+    } {
+        Ok(l) => l,
+        Err(e) => {
+            return no(format!(
+                "--backend cuda: no CUDA driver found (libcuda.so.1: {e})"
+            ))
+        }
+    };
+    // SAFETY: `CUresult cuInit(unsigned int)` is the driver's documented C signature.
+    let init: libloading::Symbol<unsafe extern "C" fn(u32) -> i32> =
+        match unsafe { lib.get(b"cuInit\0") } {
             Ok(f) => f,
             Err(e) => {
                 return no(format!(
@@ -100,25 +99,27 @@ pub fn cuda_available() -> Result<()> {
                 ))
             }
         };
-        let rc = init(0);
-        if rc != 0 {
-            return no(format!(
-                "--backend cuda: no usable CUDA device (cuInit returned {rc})"
-            ));
-        }
-        let count: libloading::Symbol<unsafe extern "C" fn(*mut i32) -> i32> =
-            match lib.get(b"cuDeviceGetCount\0") {
-                Ok(f) => f,
-                Err(e) => {
-                    return no(format!(
-                        "--backend cuda: the CUDA driver has no cuDeviceGetCount: {e}"
-                    ))
-                }
-            };
-        let mut n = 0i32;
-        if count(&mut n) != 0 || n == 0 {
-            return no("--backend cuda: no CUDA device found".into());
-        }
+    // SAFETY: a call with the symbol's own signature; `lib` outlives it.
+    let rc = unsafe { init(0) };
+    if rc != 0 {
+        return no(format!(
+            "--backend cuda: no usable CUDA device (cuInit returned {rc})"
+        ));
+    }
+    // SAFETY: `CUresult cuDeviceGetCount(int*)` is the driver's documented C signature.
+    let count: libloading::Symbol<unsafe extern "C" fn(*mut i32) -> i32> =
+        match unsafe { lib.get(b"cuDeviceGetCount\0") } {
+            Ok(f) => f,
+            Err(e) => {
+                return no(format!(
+                    "--backend cuda: the CUDA driver has no cuDeviceGetCount: {e}"
+                ))
+            }
+        };
+    let mut n = 0i32;
+    // SAFETY: `n` is a valid `int` to write; the driver was initialised above.
+    if unsafe { count(&mut n) } != 0 || n == 0 {
+        return no("--backend cuda: no CUDA device found".into());
     }
     Ok(())
 }
