@@ -141,12 +141,12 @@ pub fn run(args: DemoArgs) -> Result<()> {
     }
     if args.json {
         for r in &rows {
-            println!("{r}");
+            out!("{r}");
         }
     } else {
         print_tables(&rows, budget);
         if !args.no_plots {
-            println!(
+            out!(
                 "\nPlots (reserved over time, forecast vs actual, stall per iteration): {}",
                 args.out.display()
             );
@@ -259,18 +259,18 @@ fn pct(v: &serde_json::Value) -> String {
 }
 
 fn print_tables(rows: &[serde_json::Value], budget: f64) {
-    println!(
+    out!(
         "memcast demo: {} real traces recorded with PyTorch on an NVIDIA H200\n",
         rows.len()
     );
-    println!("1. What is in them");
-    println!(
+    out!("1. What is in them");
+    out!(
         "{:<30} {:>8} {:>8} {:>5} {:>11} {:>11}",
         "trace", "kind", "events", "iters", "static", "peak req."
     );
     for r in rows {
         let s = &r["stats"];
-        println!(
+        out!(
             "{:<30} {:>8} {:>8} {:>5} {:>11} {:>11}",
             r["trace"].as_str().unwrap_or(""),
             if r["dynamic"] == true {
@@ -284,17 +284,17 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
             human_bytes(s["peak_requested_bytes"].as_u64().unwrap_or(0)),
         );
     }
-    println!("\n2. Reserved-memory overhead (peak reserved / peak requested - 1) and device allocations,");
-    println!(
+    out!("\n2. Reserved-memory overhead (peak reserved / peak requested - 1) and device allocations,");
+    out!(
         "   replayed on a simulated H200, next to what PyTorch itself reported on the real run"
     );
-    println!(
+    out!(
         "{:<30} {:>9} {:>9} {:>9} {:>9} | {:>7} {:>7}",
         "trace", "memcast", "pt-emul.", "pt-real", "pt-expd.", "allocs", "pt-real"
     );
     for r in rows {
         let p = &r["replay"];
-        println!(
+        out!(
             "{:<30} {:>9} {:>9} {:>9} {:>9} | {:>7} {:>7}",
             r["trace"].as_str().unwrap_or(""),
             pct(&p["memcast"]["reserved_overhead"]),
@@ -305,17 +305,17 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
             p["pytorch_native_measured"]["device_allocs"].to_string(),
         );
     }
-    println!("\n3. Demand forecast of the default model (WAPE of requested bytes per step, horizons 1..N)");
-    println!(
+    out!("\n3. Demand forecast of the default model (WAPE of requested bytes per step, horizons 1..N)");
+    out!(
         "   (the default model was trained on these traces; docs/predictor.md has leave-one-out)"
     );
-    println!(
+    out!(
         "{:<30} {:>6} {:>8} {:>16} {:>8}",
         "trace", "steps", "LSTM", "best baseline", "WAPE"
     );
     for r in rows {
         let f = &r["forecast"];
-        println!(
+        out!(
             "{:<30} {:>6} {:>8.4} {:>16} {:>8.4}",
             r["trace"].as_str().unwrap_or(""),
             f["steps"].to_string(),
@@ -324,10 +324,10 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
             f["best_baseline_wape"].as_f64().unwrap_or(f64::NAN),
         );
     }
-    println!("\n4. Predictive mode without a budget: the default model drives growth (reactive vs predictive)");
-    println!("   overhead = peak reserved / peak requested - 1; waits = device calls inside requests (all / after the");
-    println!("   first iteration); mean = time-weighted reserved bytes; frag. = mean of 1 - largest free block / free bytes");
-    println!(
+    out!("\n4. Predictive mode without a budget: the default model drives growth (reactive vs predictive)");
+    out!("   overhead = peak reserved / peak requested - 1; waits = device calls inside requests (all / after the");
+    out!("   first iteration); mean = time-weighted reserved bytes; frag. = mean of 1 - largest free block / free bytes");
+    out!(
         "{:<30} {:>9} {:>9} {:>11} {:>11} {:>10} {:>10} {:>6} {:>6}",
         "trace", "overhead", "pred.", "waits", "pred.", "mean", "pred.", "frag.", "pred."
     );
@@ -343,7 +343,7 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
         let gib = |v: &serde_json::Value| {
             human_bytes(v["mean_reserved_bytes"].as_f64().unwrap_or(0.0) as u64)
         };
-        println!(
+        out!(
             "{:<30} {:>9} {:>9} {:>11} {:>11} {:>10} {:>10} {:>6.3} {:>6.3}",
             r["trace"].as_str().unwrap_or(""),
             pct(&a["reserved_overhead"]),
@@ -356,19 +356,19 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
             p["mean_fragmentation"].as_f64().unwrap_or(0.0),
         );
     }
-    println!(
+    out!(
         "\n5. Tiered replay with a device budget of {:.0}% of each trace's peak: spill and prefetch, reactive vs predictive",
         budget * 100.0
     );
-    println!("   stall/comp = time waiting for memory / compute time; floor = the link-bound floor (the bytes above the");
-    println!("   budget out and back once per iteration at the pinned duplex bandwidth); pf. hits = prefetch hit rate");
-    println!(
+    out!("   stall/comp = time waiting for memory / compute time; floor = the link-bound floor (the bytes above the");
+    out!("   budget out and back once per iteration at the pinned duplex bandwidth); pf. hits = prefetch hit rate");
+    out!(
         "{:<30} {:>9} {:>10} {:>10} {:>8} {:>11} {:>9} {:>9}",
         "trace", "completed", "stall/comp", "pred.", "floor", "spilled", "pf. hits", "pred."
     );
     for r in rows {
         let (a, p) = (&r["tiered"]["reactive"], &r["tiered"]["predictive"]);
-        println!(
+        out!(
             "{:<30} {:>9} {:>10} {:>10} {:>8} {:>11} {:>9} {:>9}",
             r["trace"].as_str().unwrap_or(""),
             format!("{}/{}", a["completed"], p["completed"]),

@@ -51,7 +51,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
                 .collect();
             let (best, best_wape) = r.best_baseline();
             let lstm = r.models.get("lstm").map_or(f64::NAN, |m| m.wape);
-            println!(
+            out!(
                 "{}",
                 serde_json::json!({
                     "trace": r.trace, "steps": r.steps, "season": r.season,
@@ -60,23 +60,23 @@ pub fn run(a: EvalArgs) -> Result<()> {
                 })
             );
         } else {
-            println!(
+            out!(
                 "{} ({} steps, horizon {}, season {})",
                 r.trace, r.steps, r.horizon, r.season
             );
-            println!(
+            out!(
                 "  {:<18} {:>8} {:>14} {:>10}",
                 "model", "WAPE", "MAE (bytes)", "under"
             );
             for (k, m) in &r.models {
-                println!(
+                out!(
                     "  {k:<18} {:>8.4} {:>14.0} {:>10.3}",
                     m.wape, m.mae, m.under_rate
                 );
             }
             let (best, bw) = r.best_baseline();
             if let Some(l) = r.models.get("lstm") {
-                println!("  lstm / best baseline ({best}) = {:.3}", l.wape / bw);
+                out!("  lstm / best baseline ({best}) = {:.3}", l.wape / bw);
             }
         }
     }

@@ -32,6 +32,6 @@ pub fn run(a: ExportArgs) -> Result<()> {
         ExportFormat::Safetensors => w.save(&a.output)?,
         ExportFormat::Burn => memcast_predictor::train::backend::save_burn_record(&w, &a.output)?,
     }
-    println!("wrote {}", a.output.display());
+    out!("wrote {}", a.output.display());
     Ok(())
 }

@@ -209,7 +209,7 @@ impl GenArgs {
 pub fn run(args: GenArgs) -> Result<()> {
     let cfg = args.config();
     if args.print_config {
-        println!("{}", serde_json::to_string_pretty(&cfg)?);
+        out!("{}", serde_json::to_string_pretty(&cfg)?);
     }
     let trace = generate(&cfg).context("generating the synthetic trace")?;
     let opts = WriteOptions {
@@ -217,7 +217,7 @@ pub fn run(args: GenArgs) -> Result<()> {
     };
     save_with(&trace, &args.output, opts)?;
     let s = TraceStats::compute(&trace)?;
-    println!(
+    out!(
         "{}: {} iterations, {} events ({} allocs), static {}, peak requested {} -> {}",
         trace.meta.name,
         s.iterations,

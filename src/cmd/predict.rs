@@ -61,7 +61,13 @@ pub fn run(a: PredictArgs) -> Result<()> {
             )
         })
         .collect();
-    println!(
+    // The plot first: it is the part that can fail, and a reader that closes stdout
+    // early must not lose it.
+    if let Some(p) = &a.plot {
+        plot(&rows, &series.name, a.h, p)?;
+        eprintln!("wrote {}", p.display());
+    }
+    out!(
         "step,iteration,actual_requested_bytes,forecast_h{}_bytes",
         a.h
     );
@@ -71,14 +77,10 @@ pub fn run(a: PredictArgs) -> Result<()> {
         a.limit.min(rows.len())
     };
     for &(t, y, f) in &rows[..n] {
-        println!("{t},{},{y:.0},{f:.0}", series.records[t].step.iteration);
+        out!("{t},{},{y:.0},{f:.0}", series.records[t].step.iteration);
     }
     if n < rows.len() {
         eprintln!("({} more rows; --limit 0 prints all)", rows.len() - n);
-    }
-    if let Some(p) = &a.plot {
-        plot(&rows, &series.name, a.h, p)?;
-        eprintln!("wrote {}", p.display());
     }
     Ok(())
 }

@@ -151,18 +151,18 @@ pub fn print_reports<R: serde::Serialize>(
 ) -> Result<()> {
     if args.json {
         if args.compare.is_empty() {
-            println!("{}", serde_json::to_string(&reports[0].1)?);
+            out!("{}", serde_json::to_string(&reports[0].1)?);
         } else {
             let obj: serde_json::Map<String, serde_json::Value> = reports
                 .iter()
                 .map(|(n, r)| Ok((n.to_string(), serde_json::to_value(r)?)))
                 .collect::<Result<_>>()?;
-            println!("{}", serde_json::Value::Object(obj));
+            out!("{}", serde_json::Value::Object(obj));
         }
     } else {
         for (i, (_, r)) in reports.iter().enumerate() {
             if i > 0 {
-                println!();
+                out!("");
             }
             table(r);
         }
@@ -278,8 +278,8 @@ pub fn run(args: ReplayArgs) -> Result<()> {
 fn print_table(r: &ReplayReport) {
     let policy = serde_json::to_value(r.policy).unwrap_or_default();
     let device = serde_json::to_value(r.device).unwrap_or_default();
-    println!("trace             {}", r.trace);
-    println!(
+    out!("trace             {}", r.trace);
+    out!(
         "policy / device   {} / {}{}",
         policy.as_str().unwrap_or("?"),
         device.as_str().unwrap_or("?"),
@@ -289,21 +289,21 @@ fn print_table(r: &ReplayReport) {
             String::new()
         }
     );
-    println!(
+    out!(
         "events            {} ({} allocs, {} frees, {} static blocks)",
         r.events, r.allocs, r.frees, r.static_blocks
     );
-    println!("peak requested    {}", human_bytes(r.peak_requested_bytes));
-    println!("peak reserved     {}", human_bytes(r.peak_reserved_bytes));
-    println!(
+    out!("peak requested    {}", human_bytes(r.peak_requested_bytes));
+    out!("peak reserved     {}", human_bytes(r.peak_reserved_bytes));
+    out!(
         "reserved overhead {:.2}%  (peak reserved / peak requested - 1)",
         100.0 * r.reserved_overhead
     );
-    println!(
+    out!(
         "mean reserved     {}  (time-weighted)",
         human_bytes(r.mean_reserved_bytes as u64)
     );
-    println!(
+    out!(
         "device allocs     {} ({} frees); {} inside requests ({} after the first iteration), {} ahead of need",
         r.device_allocs,
         r.device_frees,
@@ -311,7 +311,7 @@ fn print_table(r: &ReplayReport) {
         r.critical_path_device_calls_after_first_iteration,
         r.ahead_device_calls
     );
-    println!(
+    out!(
         "fragmentation     mean {:.3}, max {:.2}, at peak {:.2}  (1 - largest free block / free bytes)",
         r.mean_fragmentation, r.max_fragmentation, r.fragmentation_at_peak
     );
@@ -320,11 +320,11 @@ fn print_table(r: &ReplayReport) {
     } else {
         "  (not modelled on this device: host time of the calls only)"
     };
-    println!(
+    out!(
         "device time       {:.1} ms, {:.1} ms of it inside requests{modelled}",
         r.device_time_us / 1e3,
         r.critical_path_device_us / 1e3
     );
-    println!("replay speed      {:.2} M events/s", r.events_per_sec / 1e6);
+    out!("replay speed      {:.2} M events/s", r.events_per_sec / 1e6);
     cuda::print_calls(r);
 }

@@ -61,36 +61,36 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
 }
 
 fn print_table(r: &TierReport) {
-    println!("trace              {}", r.trace);
-    println!(
+    out!("trace              {}", r.trace);
+    out!(
         "policy             {} (forecaster: {}, spill: {}, prefetch: {}, access model: {:?})",
         r.policy, r.forecaster, r.spill_policy, r.prefetcher, r.access_model
     );
-    println!(
+    out!(
         "budget             {} ({:.0}% of peak requested {})",
         human_bytes(r.budget_bytes),
         100.0 * r.budget_fraction,
         human_bytes(r.peak_requested_bytes)
     );
-    println!("completed          {} ({} OOM)", r.completed, r.ooms);
-    println!("compute            {:.1} ms", r.compute_us / 1e3);
+    out!("completed          {} ({} OOM)", r.completed, r.ooms);
+    out!("compute            {:.1} ms", r.compute_us / 1e3);
     let modelled = if r.device == Device::Sim {
         ""
     } else {
         "  (time is not modelled on this device)"
     };
-    println!(
+    out!(
         "stall              {:.1} ms (transfers {:.1} ms), overhead {:.3} (stall / compute){modelled}",
         r.stall_us / 1e3,
         r.transfer_stall_us / 1e3,
         r.stall_overhead
     );
-    println!(
+    out!(
         "link-bound floor   {:.1} ms, overhead {:.3} (the excess over the budget out and back once per iteration at the pinned duplex bandwidth)",
         r.link_floor_us / 1e3,
         r.link_floor_overhead
     );
-    println!(
+    out!(
         "spilled            {} in {} spills ({} batches ahead of a forecast peak, {} on the OOM path, {} cancelled)",
         human_bytes(r.spilled_bytes),
         r.spills,
@@ -98,17 +98,17 @@ fn print_table(r: &TierReport) {
         r.sync_spills,
         r.cancelled_spills
     );
-    println!(
+    out!(
         "prefetched         {} in {} prefetches ({} never used)",
         human_bytes(r.prefetched_bytes),
         r.prefetches,
         r.wasted_prefetches
     );
-    println!(
+    out!(
         "prefetch hit rate  {:.3} ({} hits, {} misses: {} faults, {} late)",
         r.prefetch_hit_rate, r.prefetch_hits, r.prefetch_misses, r.faults, r.late_prefetches
     );
-    println!(
+    out!(
         "peak reserved      {} (host {}, pinned pool {})",
         human_bytes(r.peak_reserved_bytes),
         human_bytes(r.peak_host_bytes),

@@ -116,7 +116,7 @@ pub fn run(c: TraceCommand) -> Result<()> {
             };
             save_with(&t, &output, opts)?;
             let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
-            println!(
+            out!(
                 "{}: {} events, {} static blocks -> {} ({})",
                 file.display(),
                 t.events.len(),
@@ -129,7 +129,7 @@ pub fn run(c: TraceCommand) -> Result<()> {
             let t = import.load(&file)?;
             let s = TraceStats::compute(&t)?;
             if json {
-                println!("{}", serde_json::to_string(&s)?);
+                out!("{}", serde_json::to_string(&s)?);
             } else {
                 print_stats(&s);
             }
@@ -143,7 +143,7 @@ pub fn run(c: TraceCommand) -> Result<()> {
         } => {
             let t = import.load(&file)?;
             let n = super::features_csv::write(&t, step_allocs, &output)?;
-            println!("{}: {n} steps -> {}", file.display(), output.display());
+            out!("{}: {n} steps -> {}", file.display(), output.display());
         }
         TraceCommand::Export {
             file,
@@ -168,7 +168,7 @@ pub fn run(c: TraceCommand) -> Result<()> {
         } => {
             let t = import.load(&file)?;
             super::plot::plot_trace(&t, &output)?;
-            println!("{}", output.display());
+            out!("{}", output.display());
         }
     }
     Ok(())
@@ -199,8 +199,8 @@ fn print_stats(s: &TraceStats) {
         ("live at end", s.live_at_end.to_string()),
         ("total requested", human_bytes(s.total_requested_bytes)),
     ];
-    println!("{}", s.name);
+    out!("{}", s.name);
     for (k, v) in rows {
-        println!("  {k:<20} {v}");
+        out!("  {k:<20} {v}");
     }
 }

@@ -170,7 +170,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         "history": out.history,
     });
     artifact::write_json(&a.output.join(artifact::METRICS), &metrics)?;
-    println!(
+    out!(
         "trained {} epochs (best {}) in {:.1} s on {:?}; wrote {}",
         out.history.len(),
         out.best_epoch,
