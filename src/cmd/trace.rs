@@ -91,8 +91,8 @@ impl ImportArgs {
     }
 
     pub fn load(&self, path: &Path) -> Result<Trace> {
-        load_trace_with(path, &self.options())
-            .with_context(|| format!("cannot load trace {}", path.display()))
+        // The error names the file (and where in it) already.
+        Ok(load_trace_with(path, &self.options())?)
     }
 }
 

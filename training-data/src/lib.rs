@@ -3,7 +3,8 @@
 //! - [`model`]: events, static blocks, tensor metadata ([`Trace`]).
 //! - [`pickle`] + [`snapshot`]: import of PyTorch `torch.cuda.memory._snapshot()` pickles.
 //! - [`native`]: the versioned binary format (optionally zstd); [`export`]: CSV / JSON Lines.
-//! - [`io`]: [`io::load_trace`] reads any of them, detected by content.
+//! - [`io`]: [`io::load_trace`] reads any of them, detected by content, within the
+//!   [`limits`] that keep memory proportional to what a file holds.
 //! - [`stats`]: summary statistics (`memcast trace stats`).
 //! - [`synth`]: synthetic traces from computation graphs, with liveness analysis.
 //! - [`features`]: the step featurizer, one implementation used offline and online.
@@ -13,6 +14,7 @@ pub mod error;
 pub mod export;
 pub mod features;
 pub mod io;
+pub mod limits;
 pub mod model;
 pub mod native;
 pub mod pickle;
