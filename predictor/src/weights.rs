@@ -174,7 +174,10 @@ impl Weights {
     }
 
     pub fn save(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, self.to_safetensors()?).map_err(io(path))
+        Ok(memcast_trace::output::write_bytes(
+            path,
+            &self.to_safetensors()?,
+        )?)
     }
 
     /// Loads and checks a safetensors file. With `config`, the file's shapes must match

@@ -131,8 +131,8 @@ pub struct GenArgs {
     /// Output trace (native format).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// zstd level for the output (0 = uncompressed).
-    #[arg(long, default_value_t = 9)]
+    /// zstd level for the output, 1..=22 (0 = uncompressed).
+    #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(i32).range(0..=22))]
     pub zstd: i32,
     /// Print the full configuration as JSON before generating.
     #[arg(long)]

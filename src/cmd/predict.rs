@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use memcast_predictor::data::load_series;
 use memcast_predictor::eval::run_model;
 use memcast_trace::features::CH_TOTAL;
@@ -12,6 +12,7 @@ pub struct PredictArgs {
     /// Artifact directory (default: the shipped default model).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Trace to forecast (PyTorch snapshot pickle, optionally .xz, or native).
     #[arg(long)]
     pub trace: PathBuf,
     /// Which horizon to show: the forecast made `h` steps before each step.
@@ -28,13 +29,7 @@ pub struct PredictArgs {
 pub fn run(a: PredictArgs) -> Result<()> {
     if let Some(p) = &a.plot {
         // Checked before the work: a plot it cannot write fails now, not after.
-        let ext = p
-            .extension()
-            .and_then(|e| e.to_str())
-            .map(str::to_ascii_lowercase);
-        if !matches!(ext.as_deref(), Some("svg" | "png")) {
-            bail!("{}: the plot must end in .svg or .png", p.display());
-        }
+        super::chart::check_plot_path(p)?;
     }
     let mut m = super::load_model(&a.model)?;
     let cfg = m.weights().config.clone();

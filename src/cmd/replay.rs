@@ -116,8 +116,8 @@ pub struct ReplayArgs {
     pub import: ReplayImportArgs,
 }
 
-/// How to read PyTorch snapshots (`trace`'s import options; the CUDA device index is
-/// `--cuda-device` here because `--device` picks the replay backend).
+/// How to read PyTorch snapshots (`trace`'s import options; `--device` picks the replay
+/// backend).
 #[derive(clap::Args, Clone)]
 pub struct ReplayImportArgs {
     /// Allocation size (bytes) that marks an iteration boundary in PyTorch snapshots.
@@ -136,7 +136,7 @@ impl ReplayImportArgs {
         super::trace::ImportArgs {
             marker_bytes: self.marker_bytes,
             no_markers: self.no_markers,
-            device: self.cuda_device,
+            cuda_device: self.cuda_device,
         }
         .load(path)
     }

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Subcommand, ValueEnum};
 use memcast_trace::export::{write_text, TextFormat};
 use memcast_trace::io::load_trace_with;
@@ -16,12 +16,13 @@ pub enum TraceCommand {
     /// Convert a PyTorch snapshot pickle (optionally .xz) or a native trace to native.
     Import {
         file: PathBuf,
+        /// Native trace to write (.mctrace).
         #[arg(short, long)]
         output: PathBuf,
         #[command(flatten)]
         import: ImportArgs,
-        /// zstd level for the output (0 = uncompressed).
-        #[arg(long, default_value_t = 9)]
+        /// zstd level for the output, 1..=22 (0 = uncompressed).
+        #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(i32).range(0..=22))]
         zstd: i32,
     },
     /// Print summary statistics of a trace.
@@ -38,6 +39,7 @@ pub enum TraceCommand {
     /// Write the step features of a trace as CSV (the predictor's input).
     Features {
         file: PathBuf,
+        /// CSV file to write.
         #[arg(short, long)]
         output: PathBuf,
         #[command(flatten)]
@@ -49,8 +51,10 @@ pub enum TraceCommand {
     /// Export a trace as text (CSV or JSON Lines) for people and other tools.
     Export {
         file: PathBuf,
+        /// Text format.
         #[arg(long, value_enum)]
         format: ExportFormat,
+        /// Text file to write.
         #[arg(short, long)]
         output: PathBuf,
         #[command(flatten)]
@@ -76,15 +80,16 @@ pub struct ImportArgs {
     /// Do not treat marker allocations as iteration boundaries.
     #[arg(long)]
     pub no_markers: bool,
-    /// Which CUDA device's events to read from a snapshot.
+    /// Which CUDA device's events to read from a snapshot (its index in
+    /// `device_traces`).
     #[arg(long, default_value_t = 0)]
-    pub device: usize,
+    pub cuda_device: usize,
 }
 
 impl ImportArgs {
     pub fn options(&self) -> SnapshotOptions {
         SnapshotOptions {
-            device: self.device,
+            device: self.cuda_device,
             iteration_marker_bytes: (!self.no_markers).then_some(self.marker_bytes),
             ..Default::default()
         }
@@ -92,13 +97,23 @@ impl ImportArgs {
 
     pub fn load(&self, path: &Path) -> Result<Trace> {
         // The error names the file (and where in it) already.
-        Ok(load_trace_with(path, &self.options())?)
+        let t = load_trace_with(path, &self.options())?;
+        if t.meta.source == "pytorch-snapshot" && !self.no_markers && t.boundaries() == 0 {
+            eprintln!(
+                "warning: {}: no iteration marker (an alloc of exactly {} B freed at once) in the snapshot, so it has no iteration boundaries; --marker-bytes sets the size, --no-markers reads it without",
+                path.display(),
+                self.marker_bytes
+            );
+        }
+        Ok(t)
     }
 }
 
 #[derive(ValueEnum, Clone, Copy)]
 pub enum ExportFormat {
+    /// One header line, then `index,time_us,kind,id,bytes,stream` rows.
     Csv,
+    /// One JSON object per line.
     Jsonl,
 }
 
@@ -152,14 +167,11 @@ pub fn run(c: TraceCommand) -> Result<()> {
             import,
         } => {
             let t = import.load(&file)?;
-            let mut f = std::fs::File::create(&output)
-                .with_context(|| format!("cannot create {}", output.display()))?;
             let format = match format {
                 ExportFormat::Csv => TextFormat::Csv,
                 ExportFormat::Jsonl => TextFormat::JsonLines,
             };
-            write_text(&t, format, &mut f)
-                .with_context(|| format!("writing {}", output.display()))?;
+            memcast_trace::output::write_with(&output, |w| write_text(&t, format, w))?;
         }
         TraceCommand::Plot {
             file,

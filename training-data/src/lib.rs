@@ -5,6 +5,8 @@
 //! - [`native`]: the versioned binary format (optionally zstd); [`export`]: CSV / JSON Lines.
 //! - [`io`]: [`io::load_trace`] reads any of them, detected by content, within the
 //!   [`limits`] that keep memory proportional to what a file holds.
+//! - [`output`]: writing every output file (symlinks followed, devices and FIFOs written
+//!   in place, regular files through a temporary file and a rename).
 //! - [`stats`]: summary statistics (`memcast trace stats`).
 //! - [`synth`]: synthetic traces from computation graphs, with liveness analysis.
 //! - [`features`]: the step featurizer, one implementation used offline and online.
@@ -17,6 +19,7 @@ pub mod io;
 pub mod limits;
 pub mod model;
 pub mod native;
+pub mod output;
 pub mod pickle;
 pub mod snapshot;
 pub mod stats;

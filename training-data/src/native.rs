@@ -15,7 +15,7 @@
 //! event, ids are zigzag deltas from the previous id-carrying event (frees usually name a
 //! recent allocation). See docs/trace-format.md for the measured size and load speed.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -293,21 +293,11 @@ pub fn save(trace: &Trace, path: &Path) -> Result<(), TraceError> {
     save_with(trace, path, WriteOptions::default())
 }
 
-/// Writes `trace` to `path` atomically (temporary file, then rename), so an interrupted
-/// write never leaves a half file under the final name.
+/// Writes `trace` to `path` through [`crate::output`]: atomically for a regular file
+/// (temporary file, then rename), in place for a device or FIFO, through symlinks.
 pub fn save_with(trace: &Trace, path: &Path, opts: WriteOptions) -> Result<(), TraceError> {
     let data = encode(trace, opts)?;
-    let tmp = path.with_extension("mctrace.tmp");
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&data)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        TraceError::io(path, e)
-    })
+    crate::output::write_bytes(path, &data)
 }
 
 #[cfg(test)]
