@@ -44,7 +44,11 @@ pub fn write_plot(out: &Path, draw: impl FnOnce(&Path, PlotFormat) -> Result<()>
     use std::sync::atomic::{AtomicUsize, Ordering};
     static N: AtomicUsize = AtomicUsize::new(0);
     let format = check_plot_path(out)?;
-    let ext = if format == PlotFormat::Svg { "svg" } else { "png" };
+    let ext = if format == PlotFormat::Svg {
+        "svg"
+    } else {
+        "png"
+    };
     let tmp = std::env::temp_dir().join(format!(
         "memcast-plot-{}-{}.{ext}",
         std::process::id(),

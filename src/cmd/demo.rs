@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use memcast_alloc::config::AllocConfig;
 use memcast_alloc::replay::{replay, Policy, ReplayForecaster, ReplayOptions, ReplayReport};
 use memcast_alloc::tier::{replay_budgeted, Budget, TierReplayOptions, TierReport};
 use memcast_trace::bundled::{self, pytorch_figures};
@@ -42,16 +43,28 @@ pub struct DemoArgs {
 
 pub fn run(args: DemoArgs) -> Result<()> {
     let budget = match args.budget.parse::<Budget>() {
-        Ok(Budget::Fraction(f)) if f <= 1.0 => f,
-        Ok(_) => anyhow::bail!(
-            "--budget {}: the demo takes a share of each trace's peak in (0, 100%]",
+        Ok(Budget::Fraction(f)) => f,
+        Ok(Budget::Bytes(_)) => anyhow::bail!(
+            "--budget {}: the demo replays traces of different sizes, so it takes a share of each trace's peak (60% or 0.6), not bytes",
             args.budget
         ),
         Err(e) => anyhow::bail!("--budget: {e}"),
     };
+    // memcast's allocator settings from the environment apply here as in `replay`.
+    let env_conf = std::env::var("MEMCAST_ALLOC_CONF").ok();
+    let with_env = |base: AllocConfig| -> Result<AllocConfig> {
+        match &env_conf {
+            Some(c) => base.with_conf_string(c).context("MEMCAST_ALLOC_CONF"),
+            None => Ok(base),
+        }
+    };
+    let config = with_env(AllocConfig::default())?;
+    let tier_alloc = with_env(TierReplayOptions::default().alloc)?;
+    if let Some(c) = &env_conf {
+        eprintln!("memcast's allocator with MEMCAST_ALLOC_CONF={c}");
+    }
     if !args.no_plots {
-        std::fs::create_dir_all(&args.out)
-            .with_context(|| format!("cannot create {}", args.out.display()))?;
+        memcast_trace::output::create_dir(&args.out)?;
     }
     let traces: Vec<_> = bundled::ALL
         .iter()
@@ -74,6 +87,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
                     policy,
                     forecaster,
                     timeline,
+                    config: config.clone(),
                     ..Default::default()
                 },
             )
@@ -96,6 +110,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
                 &TierReplayOptions {
                     budget: Budget::Fraction(budget),
                     predictive,
+                    alloc: tier_alloc.clone(),
                     ..Default::default()
                 },
             )
@@ -266,7 +281,12 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
     out!("1. What is in them");
     out!(
         "{:<30} {:>8} {:>8} {:>5} {:>11} {:>11}",
-        "trace", "kind", "events", "iters", "static", "peak req."
+        "trace",
+        "kind",
+        "events",
+        "iters",
+        "static",
+        "peak req."
     );
     for r in rows {
         let s = &r["stats"];
@@ -285,12 +305,16 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
         );
     }
     out!("\n2. Reserved-memory overhead (peak reserved / peak requested - 1) and device allocations,");
-    out!(
-        "   replayed on a simulated H200, next to what PyTorch itself reported on the real run"
-    );
+    out!("   replayed on a simulated H200, next to what PyTorch itself reported on the real run");
     out!(
         "{:<30} {:>9} {:>9} {:>9} {:>9} | {:>7} {:>7}",
-        "trace", "memcast", "pt-emul.", "pt-real", "pt-expd.", "allocs", "pt-real"
+        "trace",
+        "memcast",
+        "pt-emul.",
+        "pt-real",
+        "pt-expd.",
+        "allocs",
+        "pt-real"
     );
     for r in rows {
         let p = &r["replay"];
@@ -306,12 +330,14 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
         );
     }
     out!("\n3. Demand forecast of the default model (WAPE of requested bytes per step, horizons 1..N)");
-    out!(
-        "   (the default model was trained on these traces; docs/predictor.md has leave-one-out)"
-    );
+    out!("   (the default model was trained on these traces; docs/predictor.md has leave-one-out)");
     out!(
         "{:<30} {:>6} {:>8} {:>16} {:>8}",
-        "trace", "steps", "LSTM", "best baseline", "WAPE"
+        "trace",
+        "steps",
+        "LSTM",
+        "best baseline",
+        "WAPE"
     );
     for r in rows {
         let f = &r["forecast"];
@@ -329,7 +355,15 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
     out!("   first iteration); mean = time-weighted reserved bytes; frag. = mean of 1 - largest free block / free bytes");
     out!(
         "{:<30} {:>9} {:>9} {:>11} {:>11} {:>10} {:>10} {:>6} {:>6}",
-        "trace", "overhead", "pred.", "waits", "pred.", "mean", "pred.", "frag.", "pred."
+        "trace",
+        "overhead",
+        "pred.",
+        "waits",
+        "pred.",
+        "mean",
+        "pred.",
+        "frag.",
+        "pred."
     );
     for r in rows {
         let (a, p) = (&r["predictive"]["reactive"], &r["predictive"]["predictive"]);
@@ -364,7 +398,14 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
     out!("   budget out and back once per iteration at the pinned duplex bandwidth); pf. hits = prefetch hit rate");
     out!(
         "{:<30} {:>9} {:>10} {:>10} {:>8} {:>11} {:>9} {:>9}",
-        "trace", "completed", "stall/comp", "pred.", "floor", "spilled", "pf. hits", "pred."
+        "trace",
+        "completed",
+        "stall/comp",
+        "pred.",
+        "floor",
+        "spilled",
+        "pf. hits",
+        "pred."
     );
     for r in rows {
         let (a, p) = (&r["tiered"]["reactive"], &r["tiered"]["predictive"]);

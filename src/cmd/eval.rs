@@ -62,16 +62,24 @@ pub fn run(a: EvalArgs) -> Result<()> {
         } else {
             out!(
                 "{} ({} steps, horizon {}, season {})",
-                r.trace, r.steps, r.horizon, r.season
+                r.trace,
+                r.steps,
+                r.horizon,
+                r.season
             );
             out!(
                 "  {:<18} {:>8} {:>14} {:>10}",
-                "model", "WAPE", "MAE (bytes)", "under"
+                "model",
+                "WAPE",
+                "MAE (bytes)",
+                "under"
             );
             for (k, m) in &r.models {
                 out!(
                     "  {k:<18} {:>8.4} {:>14.0} {:>10.3}",
-                    m.wape, m.mae, m.under_rate
+                    m.wape,
+                    m.mae,
+                    m.under_rate
                 );
             }
             let (best, bw) = r.best_baseline();

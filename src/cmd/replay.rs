@@ -102,8 +102,9 @@ pub struct ReplayArgs {
     /// memcast allocator settings, `key:value,...` (over MEMCAST_ALLOC_CONF).
     #[arg(long)]
     pub conf: Option<String>,
-    /// Device budget: bytes (`12G`, `123456`) or a share of the trace's peak
-    /// requested bytes (`60%`, `0.6`): the tiered replay, with spill and prefetch.
+    /// Device budget: a share of the trace's peak requested bytes (`60%`, or `0.6`: a
+    /// number with a point, at most 1) or bytes (`12G`, `512M`, `123456`): the tiered
+    /// replay, with spill and prefetch.
     #[arg(long)]
     pub budget: Option<String>,
     /// Run the allocator's invariant check every N events (slow; 0 = never).
@@ -291,7 +292,10 @@ fn print_table(r: &ReplayReport) {
     );
     out!(
         "events            {} ({} allocs, {} frees, {} static blocks)",
-        r.events, r.allocs, r.frees, r.static_blocks
+        r.events,
+        r.allocs,
+        r.frees,
+        r.static_blocks
     );
     out!("peak requested    {}", human_bytes(r.peak_requested_bytes));
     out!("peak reserved     {}", human_bytes(r.peak_reserved_bytes));
@@ -315,16 +319,19 @@ fn print_table(r: &ReplayReport) {
         "fragmentation     mean {:.3}, max {:.2}, at peak {:.2}  (1 - largest free block / free bytes)",
         r.mean_fragmentation, r.max_fragmentation, r.fragmentation_at_peak
     );
-    let modelled = if r.device == Device::Sim {
-        ""
+    if r.device == Device::Sim {
+        out!(
+            "device time       {:.1} ms, {:.1} ms of it inside requests",
+            r.device_time_us / 1e3,
+            r.critical_path_device_us / 1e3
+        );
     } else {
-        "  (not modelled on this device: host time of the calls only)"
-    };
-    out!(
-        "device time       {:.1} ms, {:.1} ms of it inside requests{modelled}",
-        r.device_time_us / 1e3,
-        r.critical_path_device_us / 1e3
-    );
+        out!(
+            "device time       not modelled on this device (the host time of its calls: {:.3} ms, {:.3} ms of it inside requests)",
+            r.device_time_us / 1e3,
+            r.critical_path_device_us / 1e3
+        );
+    }
     out!("replay speed      {:.2} M events/s", r.events_per_sec / 1e6);
     cuda::print_calls(r);
 }

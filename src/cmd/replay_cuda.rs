@@ -11,7 +11,13 @@ pub fn print_calls(r: &ReplayReport) {
     out!("device calls      measured on the GPU vs sim's cost of the same calls:");
     out!(
         "  {:<10} {:>7} {:>10} {:>10} {:>12} {:>12} {:>10}",
-        "call", "calls", "p50 us", "p99 us", "total ms", "sim total ms", "sim p50 us"
+        "call",
+        "calls",
+        "p50 us",
+        "p99 us",
+        "total ms",
+        "sim total ms",
+        "sim p50 us"
     );
     for k in ["alloc", "free", "map", "unmap", "sync"] {
         let Some(s) = c.get(k) else { continue };

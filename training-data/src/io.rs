@@ -112,8 +112,7 @@ fn unxz(data: &[u8]) -> Result<Vec<u8>, TraceError> {
             what: if out.is_empty() {
                 "the xz stream holds no data".into()
             } else {
-                "the xz stream holds neither a memcast trace nor a pickle (its first bytes)"
-                    .into()
+                "the xz stream holds neither a memcast trace nor a pickle (its first bytes)".into()
             },
         });
     }

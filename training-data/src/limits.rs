@@ -24,7 +24,5 @@ pub const MIN_DECOMPRESSED_LIMIT: u64 = 1 << 20;
 
 /// The decompression limit for `compressed` input bytes at `ratio`.
 pub fn decompressed_limit(compressed: u64, ratio: u64) -> u64 {
-    compressed
-        .saturating_mul(ratio)
-        .max(MIN_DECOMPRESSED_LIMIT)
+    compressed.saturating_mul(ratio).max(MIN_DECOMPRESSED_LIMIT)
 }

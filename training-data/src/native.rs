@@ -257,18 +257,21 @@ pub fn decode(data: &[u8]) -> Result<Trace, TraceError> {
 /// [`MAX_ZSTD_RATIO`] times its compressed size.
 fn unzstd(body: &[u8]) -> Result<Vec<u8>, TraceError> {
     let limit = decompressed_limit(body.len() as u64, MAX_ZSTD_RATIO);
-    let over = |what: String| TraceError::Limit {
+    let over = |what: String| {
+        TraceError::Limit {
         what: format!(
             "the zstd payload at offset {HEADER} ({} bytes) {what}, over {MAX_ZSTD_RATIO} times its size (limit MAX_ZSTD_RATIO; real traces expand about 10 times)",
             body.len()
         ),
+    }
     };
     let declared = zstd::zstd_safe::get_frame_content_size(body).ok().flatten();
     if let Some(d) = declared.filter(|&d| d > limit) {
         return Err(over(format!("declares {d} bytes")));
     }
     let cap = declared.unwrap_or(limit);
-    let damaged = |e: std::io::Error| bad(format!("zstd payload at offset {HEADER} is damaged: {e}"));
+    let damaged =
+        |e: std::io::Error| bad(format!("zstd payload at offset {HEADER} is damaged: {e}"));
     let mut out = Vec::with_capacity(cap.min(limit) as usize);
     zstd::stream::read::Decoder::with_buffer(body)
         .map_err(damaged)?

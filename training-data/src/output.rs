@@ -26,7 +26,10 @@ const MAX_LINKS: usize = 40;
 /// Where a write to `path` goes.
 enum Target {
     /// A regular file, existing or not: temporary file and rename.
-    Regular { path: PathBuf, perms: Option<fs::Permissions> },
+    Regular {
+        path: PathBuf,
+        perms: Option<fs::Permissions>,
+    },
     /// An existing non-regular file: written in place.
     InPlace(PathBuf),
 }
@@ -70,12 +73,8 @@ fn target(path: &Path) -> Result<Target, TraceError> {
                 Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
                 _ => PathBuf::from("."),
             };
-            let canon = fs::canonicalize(&dir).map_err(|_| {
-                err(
-                    path,
-                    format!("the folder {} does not exist", dir.display()),
-                )
-            })?;
+            let canon = fs::canonicalize(&dir)
+                .map_err(|_| err(path, format!("the folder {} does not exist", dir.display())))?;
             if !canon.is_dir() {
                 return Err(err(path, format!("{} is not a folder", dir.display())));
             }

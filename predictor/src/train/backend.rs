@@ -82,7 +82,9 @@ fn train_cuda(
 #[cfg(not(feature = "cuda"))]
 fn train_cuda(_: &[Series], _: &ArtifactConfig, _: &mut dyn Progress) -> Result<TrainOutcome> {
     check_backend(BackendKind::Cuda)?;
-    Err(PredictorError::Config("no CUDA backend in this build".into()))
+    Err(PredictorError::Config(
+        "no CUDA backend in this build".into(),
+    ))
 }
 
 /// Checks for a CUDA driver and a device before burn-cuda touches them (cudarc panics

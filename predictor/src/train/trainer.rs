@@ -290,6 +290,10 @@ pub fn train<B: AutodiffBackend>(
 /// Targets the model is scored on in `s` (step and horizon pairs with a residual).
 fn scored_targets(s: &Series) -> usize {
     (0..s.len())
-        .map(|t| (1..=s.horizon).filter(|&h| s.residual(t, h).is_some()).count())
+        .map(|t| {
+            (1..=s.horizon)
+                .filter(|&h| s.residual(t, h).is_some())
+                .count()
+        })
         .sum()
 }
