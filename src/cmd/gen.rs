@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use memcast_trace::native::{save_with, WriteOptions};
 use memcast_trace::stats::{human_bytes, TraceStats};
@@ -206,7 +206,51 @@ impl GenArgs {
     }
 }
 
+/// Options that the family or mode asked for cannot use are errors, not ignored.
+fn check_applies(a: &GenArgs) -> Result<()> {
+    use FamilyArg::*;
+    let fam = a.family;
+    let families = |ok: &[FamilyArg]| {
+        ok.iter()
+            .any(|f| std::mem::discriminant(f) == std::mem::discriminant(&fam))
+    };
+    let given: [(&str, bool, &[FamilyArg]); 7] = [
+        ("--seq", a.seq.is_some(), &[Transformer, Bert]),
+        ("--image", a.image.is_some(), &[Cnn, Mobilenet]),
+        ("--heads", a.heads.is_some(), &[Transformer, Bert]),
+        ("--vocab", a.vocab.is_some(), &[Transformer, Bert]),
+        ("--positions", a.positions.is_some(), &[Transformer, Bert]),
+        ("--classes", a.classes.is_some(), &[Mlp, Cnn, Mobilenet]),
+        ("--in-features", a.in_features.is_some(), &[Mlp]),
+    ];
+    for (name, set, ok) in given {
+        if set && !families(ok) {
+            let names: Vec<String> = ok
+                .iter()
+                .filter_map(|f| f.to_possible_value().map(|v| v.get_name().to_string()))
+                .collect();
+            bail!("{name} applies to the {} families only", names.join(", "));
+        }
+    }
+    let generate = matches!(a.mode, ModeArg::Generate);
+    for (name, set) in [
+        ("--gen-batches", !a.gen_batches.is_empty()),
+        ("--gen-prompts", !a.gen_prompts.is_empty()),
+        ("--gen-new-tokens", !a.gen_new_tokens.is_empty()),
+    ] {
+        if set && !generate {
+            bail!("{name} applies to --mode generate only");
+        }
+    }
+    if a.optimizer.is_some() && !matches!(a.mode, ModeArg::Train) {
+        bail!("--optimizer applies to --mode train only");
+    }
+    Ok(())
+}
+
 pub fn run(args: GenArgs) -> Result<()> {
+    check_applies(&args)?;
+    memcast_trace::output::check(&args.output)?;
     let cfg = args.config();
     if args.print_config {
         out!("{}", serde_json::to_string_pretty(&cfg)?);

@@ -26,3 +26,12 @@ pub const MIN_DECOMPRESSED_LIMIT: u64 = 1 << 20;
 pub fn decompressed_limit(compressed: u64, ratio: u64) -> u64 {
     compressed.saturating_mul(ratio).max(MIN_DECOMPRESSED_LIMIT)
 }
+
+/// Most events a synthetic trace may hold (`memcast trace gen`), checked as it is
+/// generated, after each iteration.
+///
+/// Generation holds the whole program in memory, about 200 bytes per event at its
+/// peak, so this keeps it near 2 GB. The largest recorded trace (`gpt2_generate_dynamic`,
+/// 442,675 events) is 22 times smaller; the training presets stay below 2 million events
+/// at the largest iteration counts anyone replays.
+pub const MAX_SYNTH_EVENTS: u64 = 10_000_000;
