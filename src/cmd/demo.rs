@@ -75,7 +75,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let cfg = model.weights().config.clone();
 
     let mut rows = Vec::new();
-    for b in traces {
+    let busy = super::progress::Busy::new("demo");
+    let n = traces.len();
+    for (i, b) in traces.into_iter().enumerate() {
+        busy.set(format!("demo: trace {} of {n}, {}", i + 1, b.name));
         let t = b
             .load()
             .with_context(|| format!("bundled trace {}", b.name))?;
@@ -154,6 +157,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             "tiered": {"budget_fraction": budget, "reactive": budgeted(&tier), "predictive": budgeted(&tier_pred)},
         }));
     }
+    drop(busy);
     if args.json {
         for r in &rows {
             out!("{r}");
@@ -279,6 +283,8 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
         rows.len()
     );
     out!("1. What is in them");
+    out!("   kind = static (the same shapes every iteration) or dynamic; iters = iterations; static = bytes live before");
+    out!("   recording began (parameters, optimizer state); peak req. = the most bytes requested at once");
     out!(
         "{:<30} {:>8} {:>8} {:>5} {:>11} {:>11}",
         "trace",
@@ -306,6 +312,8 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
     }
     out!("\n2. Reserved-memory overhead (peak reserved / peak requested - 1) and device allocations,");
     out!("   replayed on a simulated H200, next to what PyTorch itself reported on the real run");
+    out!("   memcast = memcast's allocator; pt-emul. = memcast's emulation of PyTorch's caching allocator;");
+    out!("   pt-real / pt-expd. = PyTorch's own figures on the GPU (native / expandable segments); allocs = device allocations");
     out!(
         "{:<30} {:>9} {:>9} {:>9} {:>9} | {:>7} {:>7}",
         "trace",
@@ -329,7 +337,7 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
             p["pytorch_native_measured"]["device_allocs"].to_string(),
         );
     }
-    out!("\n3. Demand forecast of the default model (WAPE of requested bytes per step, horizons 1..N)");
+    out!("\n3. Demand forecast of the default model (WAPE = sum |actual - forecast| / sum actual, of requested bytes per step, horizons 1..N)");
     out!("   (the default model was trained on these traces; docs/predictor.md has leave-one-out)");
     out!(
         "{:<30} {:>6} {:>8} {:>16} {:>8}",
@@ -352,7 +360,8 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
     }
     out!("\n4. Predictive mode without a budget: the default model drives growth (reactive vs predictive)");
     out!("   overhead = peak reserved / peak requested - 1; waits = device calls inside requests (all / after the");
-    out!("   first iteration); mean = time-weighted reserved bytes; frag. = mean of 1 - largest free block / free bytes");
+    out!("   first iteration); mean = time-weighted reserved bytes; frag. = mean of 1 - largest free block / free bytes;");
+    out!("   pred. = the column before it, in predictive mode");
     out!(
         "{:<30} {:>9} {:>9} {:>11} {:>11} {:>10} {:>10} {:>6} {:>6}",
         "trace",
@@ -395,7 +404,8 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
         budget * 100.0
     );
     out!("   stall/comp = time waiting for memory / compute time; floor = the link-bound floor (the bytes above the");
-    out!("   budget out and back once per iteration at the pinned duplex bandwidth); pf. hits = prefetch hit rate");
+    out!("   budget out and back once per iteration at the pinned duplex bandwidth); pf. hits = prefetch hit rate;");
+    out!("   completed = whether the replay ran to the end without running out of memory (reactive/predictive); pred. = predictive");
     out!(
         "{:<30} {:>9} {:>10} {:>10} {:>8} {:>11} {:>9} {:>9}",
         "trace",

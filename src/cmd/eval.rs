@@ -36,7 +36,9 @@ pub fn eval_one(model: &Option<PathBuf>, trace: &Path) -> Result<EvalReport> {
 
 pub fn run(a: EvalArgs) -> Result<()> {
     for t in &a.trace {
+        let busy = super::progress::Busy::new(format!("evaluating on {}", t.display()));
         let r = eval_one(&a.model, t)?;
+        drop(busy);
         if a.json {
             let models: serde_json::Map<String, serde_json::Value> = r
                 .models
@@ -86,6 +88,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
             if let Some(l) = r.models.get("lstm") {
                 out!("  lstm / best baseline ({best}) = {:.3}", l.wape / bw);
             }
+            out!("  (requested bytes per step, horizons 1..{} averaged: WAPE = sum |actual - forecast| / sum actual; MAE = mean |actual - forecast|; under = under-forecast rate, the share of forecasts below the actual)", r.horizon);
         }
     }
     Ok(())

@@ -255,7 +255,9 @@ pub fn run(args: GenArgs) -> Result<()> {
     if args.print_config {
         out!("{}", serde_json::to_string_pretty(&cfg)?);
     }
+    let busy = super::progress::Busy::new("generating the synthetic trace");
     let trace = generate(&cfg).context("generating the synthetic trace")?;
+    drop(busy);
     let opts = WriteOptions {
         zstd_level: (args.zstd > 0).then_some(args.zstd),
     };

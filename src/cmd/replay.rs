@@ -246,7 +246,9 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     if args.budget.is_some() {
         return tiered::run(&args);
     }
+    let busy = super::progress::Busy::new(format!("loading {}", args.trace.display()));
     let trace = args.import.load(&args.trace)?;
+    drop(busy);
     let config = alloc_config(&args, AllocConfig::default())?;
     let mut reports = Vec::new();
     for p in policies(&args) {
@@ -268,8 +270,15 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             forecaster: forecaster(&args),
             ..Default::default()
         };
+        let busy = super::progress::Busy::new(format!(
+            "replaying {} ({}, {:?})",
+            args.trace.display(),
+            p.name(),
+            args.device
+        ));
         let report = replay(&trace, &opts)
             .with_context(|| format!("{} replay of {} failed", p.name(), args.trace.display()))?;
+        drop(busy);
         reports.push((p.name(), report));
     }
     print_reports(&args, &reports, print_table)?;

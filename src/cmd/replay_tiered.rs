@@ -57,6 +57,11 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
                 .then(|| (super::forecaster(args), alloc.predictive_actions)),
             ..Default::default()
         };
+        let _busy = super::super::progress::Busy::new(format!(
+            "replaying {} under a budget ({})",
+            args.trace.display(),
+            p.name()
+        ));
         let report = replay_budgeted(&trace, &opts)
             .with_context(|| format!("tiered replay of {} failed", args.trace.display()))?;
         reports.push((p.name(), report));
