@@ -77,7 +77,20 @@ pub fn load_all(
     step: StepConfig,
     horizon: usize,
 ) -> Result<Vec<Series>> {
+    if let Some(x) = exclude.iter().find(|x| x.is_empty()) {
+        anyhow::bail!("--exclude {x:?} matches every trace name; give part of a name to leave out");
+    }
     let files = trace_files(inputs)?;
+    anyhow::ensure!(
+        !files.is_empty(),
+        "no trace files (*.mctrace, *.pickle, *.pickle.xz) in {}",
+        inputs
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let found = files.len();
     let mut out = Vec::new();
     for f in files {
         let name = memcast_trace::io::trace_name(&f);
@@ -88,7 +101,11 @@ pub fn load_all(
             load_series(&f, step, horizon).with_context(|| format!("loading {}", f.display()))?,
         );
     }
-    anyhow::ensure!(!out.is_empty(), "no trace files found in {inputs:?}");
+    anyhow::ensure!(
+        !out.is_empty(),
+        "all {found} trace files found were left out by --exclude {}",
+        exclude.join(", ")
+    );
     Ok(out)
 }
 
