@@ -18,9 +18,10 @@ pub struct ExportArgs {
     /// Artifact directory.
     #[arg(long)]
     pub model: PathBuf,
+    /// Weight format to write.
     #[arg(long, value_enum)]
     pub format: ExportFormat,
-    /// Output file.
+    /// Output file, written under exactly this name.
     #[arg(short, long)]
     pub output: PathBuf,
 }

@@ -15,6 +15,7 @@ use memcast_trace::Trace;
 pub enum TraceCommand {
     /// Convert a PyTorch snapshot pickle (optionally .xz) or a native trace to native.
     Import {
+        /// Trace file: a PyTorch snapshot pickle (optionally .xz) or a native trace.
         file: PathBuf,
         /// Native trace to write (.mctrace).
         #[arg(short, long)]
@@ -27,6 +28,7 @@ pub enum TraceCommand {
     },
     /// Print summary statistics of a trace.
     Stats {
+        /// Trace file: a PyTorch snapshot pickle (optionally .xz) or a native trace.
         file: PathBuf,
         #[command(flatten)]
         import: ImportArgs,
@@ -38,6 +40,7 @@ pub enum TraceCommand {
     Gen(Box<super::gen::GenArgs>),
     /// Write the step features of a trace as CSV (the predictor's input).
     Features {
+        /// Trace file: a PyTorch snapshot pickle (optionally .xz) or a native trace.
         file: PathBuf,
         /// CSV file to write.
         #[arg(short, long)]
@@ -50,6 +53,7 @@ pub enum TraceCommand {
     },
     /// Export a trace as text (CSV or JSON Lines) for people and other tools.
     Export {
+        /// Trace file: a PyTorch snapshot pickle (optionally .xz) or a native trace.
         file: PathBuf,
         /// Text format.
         #[arg(long, value_enum)]
@@ -62,6 +66,7 @@ pub enum TraceCommand {
     },
     /// Plot live and static bytes over time with iteration boundaries (SVG or PNG).
     Plot {
+        /// Trace file: a PyTorch snapshot pickle (optionally .xz) or a native trace.
         file: PathBuf,
         /// Output file; the extension (.svg or .png) picks the format.
         #[arg(short, long)]
