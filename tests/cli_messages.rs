@@ -190,6 +190,13 @@ fn messages_name_the_cause() {
 #[test]
 fn long_work_checks_what_it_can_first() {
     let t = bundled("resnet50_b64_train");
+    // The plot is checked before the model and the trace are read.
+    let m = measured(
+        &["predict", "--trace", "missing.mctrace", "--plot", "x.pdf"],
+        &[],
+        false,
+    );
+    m.clean_failure("pdf plot", &[".svg or .png"]);
     let m = measured(&["predict", "--trace", &t, "--plot", "x.pdf"], &[], false);
     m.clean_failure("pdf plot", &[".svg or .png"]);
     assert!(
@@ -363,11 +370,21 @@ fn every_option_has_a_help_line() {
             }
             // The short layout puts the description after two spaces on the same line,
             // the long one on the next line, indented deeper.
-            let same_line = t
-                .split_once("  ")
-                .is_some_and(|(_, d)| !d.trim().is_empty());
+            // Only the bracketed notes ([default: ..], [env: ..]) are no description.
+            let text = |d: &str| {
+                let mut depth = 0;
+                d.chars()
+                    .filter(|&c| {
+                        depth += (c == '[') as i32;
+                        let keep = depth == 0;
+                        depth -= (c == ']') as i32;
+                        keep && c != ']'
+                    })
+                    .any(|c| c.is_alphanumeric())
+            };
+            let same_line = t.split_once("  ").is_some_and(|(_, d)| text(d));
             let next = lines.get(i + 1).copied().unwrap_or("");
-            let below = next.len() - next.trim_start().len() > indent && !next.trim().is_empty();
+            let below = next.len() - next.trim_start().len() > indent && text(next);
             let described = same_line || below;
             assert!(described, "{c:?}: no help for {t:?}\n{help}");
         }

@@ -53,13 +53,20 @@ fn a_fifo_is_written_in_place() {
     let c = std::ffi::CString::new(s(&fifo)).unwrap();
     // SAFETY: a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
-    let reader = {
-        let fifo = fifo.clone();
-        std::thread::spawn(move || std::fs::read(fifo).unwrap())
-    };
+    // The read end, opened without blocking before memcast runs: memcast's open for
+    // writing finds a reader, the 9 KB trace fits the pipe's buffer, and a memcast that
+    // replaced the FIFO instead leaves this end empty (a failure, not a hang).
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
     let t = bundled("resnet50_b64_train");
     ok(&["trace", "import", &t, "-o", &s(&fifo)]);
-    let got = reader.join().unwrap();
+    let mut got = Vec::new();
+    let _ = reader.read_to_end(&mut got);
     assert!(got.starts_with(b"MEMCAST\0"), "{} bytes read", got.len());
     assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
     assert_eq!(listing(d.path()).len(), 1, "nothing else created");
