@@ -81,7 +81,7 @@ where
     }
     let x_max = s.points.last().map(|p| p.0).unwrap_or(1.0).max(1e-3);
     let y_max = s.points.iter().map(|p| p.2).fold(0.0, f64::max).max(1e-6) * 1.08;
-    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e:?}");
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("drawing failed: {e}");
     root.fill(&WHITE).map_err(err)?;
     let title = if t.meta.name.is_empty() {
         "trace"
