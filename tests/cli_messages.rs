@@ -364,7 +364,7 @@ fn every_option_has_a_help_line() {
         for (i, l) in lines.iter().enumerate() {
             let t = l.trim_start();
             let indent = l.len() - t.len();
-            let is_item = (t.starts_with('-') || t.starts_with('<')) && indent >= 2 && indent <= 6;
+            let is_item = (t.starts_with('-') || t.starts_with('<')) && (2..=6).contains(&indent);
             if !is_item {
                 continue;
             }
