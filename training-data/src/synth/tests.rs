@@ -400,11 +400,12 @@ mod properties {
             },
             iterations,
             seed,
-            dynamic: dynamic.map(|values| Dynamic {
-                param: if family == Family::Cnn {
-                    DynParam::Image
-                } else {
-                    DynParam::Seq
+            // A shape the family has (generation draws its own shapes).
+            dynamic: dynamic.filter(|_| mode != Mode::Generate).map(|values| Dynamic {
+                param: match family {
+                    Family::Cnn | Family::MobileNet => DynParam::Image,
+                    Family::Transformer | Family::Bert => DynParam::Seq,
+                    Family::Mlp => DynParam::Batch,
                 },
                 values,
                 in_order: false,
