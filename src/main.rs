@@ -4,7 +4,30 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// `println!` for the command's output on stdout. A closed stdout (`memcast ... | head`)
+/// is a normal end of the reader's interest, not an error: the first write that fails
+/// with a broken pipe ends the process quietly with exit status 0 (what remains would be
+/// printed to nobody). Any other write error is reported and fails the command.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::stdout_line(format_args!($($arg)*))
+    };
+}
+
 mod cmd;
+
+/// Writes one line to stdout for [`out!`].
+fn stdout_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = o.write_fmt(args).and_then(|()| o.write_all(b"\n")) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        let _ = writeln!(std::io::stderr(), "error: writing to stdout: {e}");
+        std::process::exit(1);
+    }
+}
 
 #[derive(Parser)]
 #[command(
@@ -48,6 +71,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match cli.command {
         Command::Trace(c) => cmd::trace::run(c),
@@ -62,7 +86,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "error: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -289,10 +289,18 @@ pub const KEYS: [&str; 27] = [
     "forecast_thread",
 ];
 
-/// Parses `12345`, `2M`, `2MiB`, `1.5G`, `64K` into bytes.
+/// Parses `12345`, `2M`, `2MiB`, `1.5G`, `64K`, `1e9` into bytes (units are powers of
+/// 1024). A count of bytes must be whole: `1.5` alone is refused (`1.5K` is 1536); sizes
+/// of 2^64 bytes or more are refused rather than saturated.
 pub fn parse_bytes(s: &str) -> Result<u64, AllocError> {
     let t = s.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    // The unit is the trailing run of letters, so `1e9` is a number without a unit.
+    let split = t
+        .char_indices()
+        .rev()
+        .take_while(|(_, c)| c.is_ascii_alphabetic())
+        .last()
+        .map_or(t.len(), |(i, _)| i);
     let (num, unit) = t.split_at(split);
     let mult: u64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
@@ -300,16 +308,34 @@ pub fn parse_bytes(s: &str) -> Result<u64, AllocError> {
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
-        _ => return Err(AllocError::Config(format!("bad size unit in {s:?}"))),
+        "p" | "pb" | "pib" => 1 << 50,
+        _ => {
+            return Err(AllocError::Config(format!(
+                "{s:?}: unknown unit {unit:?} (B, K, M, G, T or P; KiB, MB and the like also work)"
+            )))
+        }
     };
     let v: f64 = num
         .trim()
         .parse()
-        .map_err(|_| AllocError::Config(format!("bad size {s:?}")))?;
+        .map_err(|_| AllocError::Config(format!("{s:?} is not a size (e.g. 4096, 512K, 1.5G)")))?;
     if !(v.is_finite() && v >= 0.0) {
-        return Err(AllocError::Config(format!("bad size {s:?}")));
+        return Err(AllocError::Config(format!(
+            "{s:?}: a size must be a finite number >= 0"
+        )));
     }
-    Ok((v * mult as f64).round() as u64)
+    let bytes = v * mult as f64;
+    if bytes >= 18_446_744_073_709_551_616.0 {
+        return Err(AllocError::Config(format!(
+            "{s:?} is 2^64 bytes or more, beyond any size memcast can count"
+        )));
+    }
+    if mult == 1 && v.fract() != 0.0 {
+        return Err(AllocError::Config(format!(
+            "{s:?}: a count of bytes must be whole (or give a unit: 1.5K)"
+        )));
+    }
+    Ok(bytes.round() as u64)
 }
 
 impl AllocConfig {
@@ -406,10 +432,16 @@ impl AllocConfig {
                 self.min_block
             ));
         }
-        if !self.segment_granule.is_power_of_two() || self.segment_granule < self.min_block {
+        if !self.segment_granule.is_power_of_two() {
             return bad(format!(
-                "segment_granule {} must be a power of two >= min_block",
+                "segment_granule {} must be a power of two",
                 self.segment_granule
+            ));
+        }
+        if self.segment_granule < self.min_block {
+            return bad(format!(
+                "min_block {} is larger than segment_granule {}: a block cannot exceed the segment it is cut from (raise segment_granule as well, or lower min_block)",
+                self.min_block, self.segment_granule
             ));
         }
         if self.small_max > self.segment_granule {
@@ -468,6 +500,19 @@ mod tests {
             .is_err());
         assert_eq!(parse_bytes("1.5GiB").unwrap(), 3 << 29);
         assert!(parse_bytes("-1M").is_err());
+        assert_eq!(parse_bytes("1e9").unwrap(), 1_000_000_000);
+        assert!(parse_bytes("1e308")
+            .unwrap_err()
+            .to_string()
+            .contains("2^64"));
+        assert!(parse_bytes("1.5")
+            .unwrap_err()
+            .to_string()
+            .contains("whole"));
+        assert!(parse_bytes("3Q")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown unit"));
     }
 
     #[test]

@@ -10,7 +10,7 @@ pub enum AllocError {
     #[error("zero-size allocation")]
     ZeroSize,
     /// A request larger than the device can ever hold (capacity or configured cap).
-    #[error("request of {requested} bytes exceeds the device capacity of {capacity} bytes")]
+    #[error("request of {requested} bytes exceeds the largest the allocator takes, {capacity} bytes (the device capacity, or max_request where that is lower)")]
     TooLarge { requested: u64, capacity: u64 },
     /// The device (or a budget layer) refused memory, even after the allocator released
     /// its caches and retried. The allocator state is unchanged.

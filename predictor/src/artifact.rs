@@ -53,10 +53,10 @@ pub fn load_model(path: &Path) -> Result<EmbeddedLstm> {
 
 /// Writes `config.json`, `model.safetensors` and `norm.json` into `dir` (created).
 pub fn save(dir: &Path, w: &Weights) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    memcast_trace::output::create_dir(dir)?;
     let path = dir.join(CONFIG);
     let text = serde_json::to_string_pretty(&w.config).expect("plain struct serialises");
-    std::fs::write(&path, text).map_err(io(&path))?;
+    memcast_trace::output::write_bytes(&path, text.as_bytes())?;
     w.save(&dir.join(SAFETENSORS))?;
     w.norm.save(&dir.join(NORM))
 }
@@ -64,7 +64,7 @@ pub fn save(dir: &Path, w: &Weights) -> Result<()> {
 /// Writes any serialisable value as pretty JSON.
 pub fn write_json<T: serde::Serialize>(path: &Path, v: &T) -> Result<()> {
     let text = serde_json::to_string_pretty(v).expect("plain data serialises");
-    std::fs::write(path, text).map_err(io(path))
+    Ok(memcast_trace::output::write_bytes(path, text.as_bytes())?)
 }
 
 /// The default model's weights, compiled into the library (its config is embedded in

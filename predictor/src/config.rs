@@ -130,6 +130,9 @@ impl Default for TrainConfig {
     }
 }
 
+/// Largest learning rate accepted (Adam moves each weight by about this much per batch).
+pub const MAX_LEARNING_RATE: f64 = 1.0;
+
 impl TrainConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |s: String| Err(PredictorError::Config(s));
@@ -142,8 +145,14 @@ impl TrainConfig {
         if self.stride == 0 || self.batch == 0 || self.epochs == 0 {
             return bad("stride, batch and epochs must be >= 1".into());
         }
-        if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
-            return bad(format!("learning_rate = {}", self.learning_rate));
+        // Adam's step is about the learning rate itself: above 1 every weight moves by
+        // more than its own scale each batch, which diverges (1e30 gave a WAPE of 1e29).
+        if !(self.learning_rate > 0.0 && self.learning_rate <= MAX_LEARNING_RATE) {
+            return bad(format!(
+                "learning rate {} must be in (0, {MAX_LEARNING_RATE}] (default {})",
+                self.learning_rate,
+                TrainConfig::default().learning_rate
+            ));
         }
         if !(0.0..1.0).contains(&self.val_fraction) {
             return bad(format!("val_fraction = {} (0..1)", self.val_fraction));

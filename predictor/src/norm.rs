@@ -125,6 +125,6 @@ impl NormStats {
 
     pub fn save(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).expect("plain struct serialises");
-        std::fs::write(path, text).map_err(io(path))
+        Ok(memcast_trace::output::write_bytes(path, text.as_bytes())?)
     }
 }

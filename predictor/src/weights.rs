@@ -174,7 +174,10 @@ impl Weights {
     }
 
     pub fn save(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, self.to_safetensors()?).map_err(io(path))
+        Ok(memcast_trace::output::write_bytes(
+            path,
+            &self.to_safetensors()?,
+        )?)
     }
 
     /// Loads and checks a safetensors file. With `config`, the file's shapes must match
@@ -198,8 +201,10 @@ impl Weights {
             path: "<bytes>".into(),
             what,
         };
-        let st = SafeTensors::deserialize(bytes).map_err(|e| corrupt(format!("{e:?}")))?;
-        let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| corrupt(format!("{e:?}")))?;
+        let st =
+            SafeTensors::deserialize(bytes).map_err(|e| corrupt(safetensors_error(bytes, &e)))?;
+        let (_, meta) =
+            SafeTensors::read_metadata(bytes).map_err(|e| corrupt(safetensors_error(bytes, &e)))?;
         let embedded: Option<ArtifactConfig> = meta
             .metadata()
             .as_ref()
@@ -272,4 +277,24 @@ impl Weights {
         w.check_invariants()?;
         Ok(w)
     }
+}
+
+/// One sentence for a file safetensors cannot read (its error names are not for users).
+fn safetensors_error(bytes: &[u8], e: &safetensors::SafeTensorError) -> String {
+    use safetensors::SafeTensorError as E;
+    let what = match e {
+        E::HeaderTooSmall | E::MetadataIncompleteBuffer => format!(
+            "the file ({} bytes) is too short for the header it announces: truncated, or not a safetensors file",
+            bytes.len()
+        ),
+        E::HeaderTooLarge => {
+            "the first 8 bytes announce a header larger than safetensors allows: not a safetensors file"
+                .to_string()
+        }
+        E::InvalidHeader | E::InvalidHeaderStart | E::InvalidHeaderDeserialization => {
+            "the header is not the JSON of a safetensors file".to_string()
+        }
+        other => format!("not a readable safetensors file ({other})"),
+    };
+    format!("{what}; a model is an artifact folder from `memcast train` or its model.safetensors")
 }

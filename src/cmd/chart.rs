@@ -13,29 +13,73 @@ pub struct Line<'a> {
     pub points: Vec<(f64, f64)>,
 }
 
-/// Draws `lines` into `out` with a title and axis descriptions.
-pub fn line_chart(out: &Path, title: &str, x: &str, y: &str, lines: &[Line<'_>]) -> Result<()> {
+/// The plot format an output path asks for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum PlotFormat {
+    Svg,
+    Png,
+}
+
+/// The format of `out` by its extension, or an error saying which are drawn; and whether
+/// it can be written. Checked before the work, so a plot that cannot be written fails
+/// at once.
+pub fn check_plot_path(out: &Path) -> Result<PlotFormat> {
     let ext = out
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
-    match ext.as_deref() {
-        Some("svg") => draw(
-            SVGBackend::new(out, (1200, 450)).into_drawing_area(),
-            title,
-            x,
-            y,
-            lines,
-        ),
-        Some("png") => draw(
-            BitMapBackend::new(out, (1200, 450)).into_drawing_area(),
-            title,
-            x,
-            y,
-            lines,
-        ),
+    let format = match ext.as_deref() {
+        Some("svg") => PlotFormat::Svg,
+        Some("png") => PlotFormat::Png,
         _ => bail!("{}: a plot must end in .svg or .png", out.display()),
-    }
+    };
+    memcast_trace::output::check(out)?;
+    Ok(format)
+}
+
+/// Draws a plot with `draw` (given a file path of the right extension to draw into) and
+/// writes it to `out` through `memcast_trace::output` (symlinks followed, devices written
+/// in place, regular files replaced atomically).
+pub fn write_plot(out: &Path, draw: impl FnOnce(&Path, PlotFormat) -> Result<()>) -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let format = check_plot_path(out)?;
+    let ext = if format == PlotFormat::Svg {
+        "svg"
+    } else {
+        "png"
+    };
+    let tmp = std::env::temp_dir().join(format!(
+        "memcast-plot-{}-{}.{ext}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let drawn = draw(&tmp, format).and_then(|()| {
+        std::fs::read(&tmp).with_context(|| format!("reading the drawn plot {}", tmp.display()))
+    });
+    let _ = std::fs::remove_file(&tmp);
+    memcast_trace::output::write_bytes(out, &drawn?)?;
+    Ok(())
+}
+
+/// Draws `lines` into `out` with a title and axis descriptions.
+pub fn line_chart(out: &Path, title: &str, x: &str, y: &str, lines: &[Line<'_>]) -> Result<()> {
+    write_plot(out, |tmp, format| match format {
+        PlotFormat::Svg => draw(
+            SVGBackend::new(tmp, (1200, 450)).into_drawing_area(),
+            title,
+            x,
+            y,
+            lines,
+        ),
+        PlotFormat::Png => draw(
+            BitMapBackend::new(tmp, (1200, 450)).into_drawing_area(),
+            title,
+            x,
+            y,
+            lines,
+        ),
+    })
     .with_context(|| format!("cannot draw {}", out.display()))
 }
 

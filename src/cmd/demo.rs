@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use memcast_alloc::config::AllocConfig;
 use memcast_alloc::replay::{replay, Policy, ReplayForecaster, ReplayOptions, ReplayReport};
 use memcast_alloc::tier::{replay_budgeted, Budget, TierReplayOptions, TierReport};
 use memcast_trace::bundled::{self, pytorch_figures};
@@ -42,16 +43,28 @@ pub struct DemoArgs {
 
 pub fn run(args: DemoArgs) -> Result<()> {
     let budget = match args.budget.parse::<Budget>() {
-        Ok(Budget::Fraction(f)) if f <= 1.0 => f,
-        Ok(_) => anyhow::bail!(
-            "--budget {}: the demo takes a share of each trace's peak in (0, 100%]",
+        Ok(Budget::Fraction(f)) => f,
+        Ok(Budget::Bytes(_)) => anyhow::bail!(
+            "--budget {}: the demo replays traces of different sizes, so it takes a share of each trace's peak (60% or 0.6), not bytes",
             args.budget
         ),
         Err(e) => anyhow::bail!("--budget: {e}"),
     };
+    // memcast's allocator settings from the environment apply here as in `replay`.
+    let env_conf = std::env::var("MEMCAST_ALLOC_CONF").ok();
+    let with_env = |base: AllocConfig| -> Result<AllocConfig> {
+        match &env_conf {
+            Some(c) => base.with_conf_string(c).context("MEMCAST_ALLOC_CONF"),
+            None => Ok(base),
+        }
+    };
+    let config = with_env(AllocConfig::default())?;
+    let tier_alloc = with_env(TierReplayOptions::default().alloc)?;
+    if let Some(c) = &env_conf {
+        eprintln!("memcast's allocator with MEMCAST_ALLOC_CONF={c}");
+    }
     if !args.no_plots {
-        std::fs::create_dir_all(&args.out)
-            .with_context(|| format!("cannot create {}", args.out.display()))?;
+        memcast_trace::output::create_dir(&args.out)?;
     }
     let traces: Vec<_> = bundled::ALL
         .iter()
@@ -62,7 +75,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let cfg = model.weights().config.clone();
 
     let mut rows = Vec::new();
-    for b in traces {
+    let busy = super::progress::Busy::new("demo");
+    let n = traces.len();
+    for (i, b) in traces.into_iter().enumerate() {
+        busy.set(format!("demo: trace {} of {n}, {}", i + 1, b.name));
         let t = b
             .load()
             .with_context(|| format!("bundled trace {}", b.name))?;
@@ -74,6 +90,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
                     policy,
                     forecaster,
                     timeline,
+                    config: config.clone(),
                     ..Default::default()
                 },
             )
@@ -96,6 +113,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
                 &TierReplayOptions {
                     budget: Budget::Fraction(budget),
                     predictive,
+                    alloc: tier_alloc.clone(),
                     ..Default::default()
                 },
             )
@@ -139,14 +157,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
             "tiered": {"budget_fraction": budget, "reactive": budgeted(&tier), "predictive": budgeted(&tier_pred)},
         }));
     }
+    drop(busy);
     if args.json {
         for r in &rows {
-            println!("{r}");
+            out!("{r}");
         }
     } else {
         print_tables(&rows, budget);
         if !args.no_plots {
-            println!(
+            out!(
                 "\nPlots (reserved over time, forecast vs actual, stall per iteration): {}",
                 args.out.display()
             );
@@ -259,18 +278,25 @@ fn pct(v: &serde_json::Value) -> String {
 }
 
 fn print_tables(rows: &[serde_json::Value], budget: f64) {
-    println!(
+    out!(
         "memcast demo: {} real traces recorded with PyTorch on an NVIDIA H200\n",
         rows.len()
     );
-    println!("1. What is in them");
-    println!(
+    out!("1. What is in them");
+    out!("   kind = static (the same shapes every iteration) or dynamic; iters = iterations; static = bytes live before");
+    out!("   recording began (parameters, optimizer state); peak req. = the most bytes requested at once");
+    out!(
         "{:<30} {:>8} {:>8} {:>5} {:>11} {:>11}",
-        "trace", "kind", "events", "iters", "static", "peak req."
+        "trace",
+        "kind",
+        "events",
+        "iters",
+        "static",
+        "peak req."
     );
     for r in rows {
         let s = &r["stats"];
-        println!(
+        out!(
             "{:<30} {:>8} {:>8} {:>5} {:>11} {:>11}",
             r["trace"].as_str().unwrap_or(""),
             if r["dynamic"] == true {
@@ -284,17 +310,23 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
             human_bytes(s["peak_requested_bytes"].as_u64().unwrap_or(0)),
         );
     }
-    println!("\n2. Reserved-memory overhead (peak reserved / peak requested - 1) and device allocations,");
-    println!(
-        "   replayed on a simulated H200, next to what PyTorch itself reported on the real run"
-    );
-    println!(
+    out!("\n2. Reserved-memory overhead (peak reserved / peak requested - 1) and device allocations,");
+    out!("   replayed on a simulated H200, next to what PyTorch itself reported on the real run");
+    out!("   memcast = memcast's allocator; pt-emul. = memcast's emulation of PyTorch's caching allocator;");
+    out!("   pt-real / pt-expd. = PyTorch's own figures on the GPU (native / expandable segments); allocs = device allocations");
+    out!(
         "{:<30} {:>9} {:>9} {:>9} {:>9} | {:>7} {:>7}",
-        "trace", "memcast", "pt-emul.", "pt-real", "pt-expd.", "allocs", "pt-real"
+        "trace",
+        "memcast",
+        "pt-emul.",
+        "pt-real",
+        "pt-expd.",
+        "allocs",
+        "pt-real"
     );
     for r in rows {
         let p = &r["replay"];
-        println!(
+        out!(
             "{:<30} {:>9} {:>9} {:>9} {:>9} | {:>7} {:>7}",
             r["trace"].as_str().unwrap_or(""),
             pct(&p["memcast"]["reserved_overhead"]),
@@ -305,17 +337,19 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
             p["pytorch_native_measured"]["device_allocs"].to_string(),
         );
     }
-    println!("\n3. Demand forecast of the default model (WAPE of requested bytes per step, horizons 1..N)");
-    println!(
-        "   (the default model was trained on these traces; docs/predictor.md has leave-one-out)"
-    );
-    println!(
+    out!("\n3. Demand forecast of the default model (WAPE = sum |actual - forecast| / sum actual, of requested bytes per step, horizons 1..N)");
+    out!("   (the default model was trained on these traces; docs/predictor.md has leave-one-out)");
+    out!(
         "{:<30} {:>6} {:>8} {:>16} {:>8}",
-        "trace", "steps", "LSTM", "best baseline", "WAPE"
+        "trace",
+        "steps",
+        "LSTM",
+        "best baseline",
+        "WAPE"
     );
     for r in rows {
         let f = &r["forecast"];
-        println!(
+        out!(
             "{:<30} {:>6} {:>8.4} {:>16} {:>8.4}",
             r["trace"].as_str().unwrap_or(""),
             f["steps"].to_string(),
@@ -324,12 +358,21 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
             f["best_baseline_wape"].as_f64().unwrap_or(f64::NAN),
         );
     }
-    println!("\n4. Predictive mode without a budget: the default model drives growth (reactive vs predictive)");
-    println!("   overhead = peak reserved / peak requested - 1; waits = device calls inside requests (all / after the");
-    println!("   first iteration); mean = time-weighted reserved bytes; frag. = mean of 1 - largest free block / free bytes");
-    println!(
+    out!("\n4. Predictive mode without a budget: the default model drives growth (reactive vs predictive)");
+    out!("   overhead = peak reserved / peak requested - 1; waits = device calls inside requests (all / after the");
+    out!("   first iteration); mean = time-weighted reserved bytes; frag. = mean of 1 - largest free block / free bytes;");
+    out!("   pred. = the column before it, in predictive mode");
+    out!(
         "{:<30} {:>9} {:>9} {:>11} {:>11} {:>10} {:>10} {:>6} {:>6}",
-        "trace", "overhead", "pred.", "waits", "pred.", "mean", "pred.", "frag.", "pred."
+        "trace",
+        "overhead",
+        "pred.",
+        "waits",
+        "pred.",
+        "mean",
+        "pred.",
+        "frag.",
+        "pred."
     );
     for r in rows {
         let (a, p) = (&r["predictive"]["reactive"], &r["predictive"]["predictive"]);
@@ -343,7 +386,7 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
         let gib = |v: &serde_json::Value| {
             human_bytes(v["mean_reserved_bytes"].as_f64().unwrap_or(0.0) as u64)
         };
-        println!(
+        out!(
             "{:<30} {:>9} {:>9} {:>11} {:>11} {:>10} {:>10} {:>6.3} {:>6.3}",
             r["trace"].as_str().unwrap_or(""),
             pct(&a["reserved_overhead"]),
@@ -356,19 +399,27 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
             p["mean_fragmentation"].as_f64().unwrap_or(0.0),
         );
     }
-    println!(
+    out!(
         "\n5. Tiered replay with a device budget of {:.0}% of each trace's peak: spill and prefetch, reactive vs predictive",
         budget * 100.0
     );
-    println!("   stall/comp = time waiting for memory / compute time; floor = the link-bound floor (the bytes above the");
-    println!("   budget out and back once per iteration at the pinned duplex bandwidth); pf. hits = prefetch hit rate");
-    println!(
+    out!("   stall/comp = time waiting for memory / compute time; floor = the link-bound floor (the bytes above the");
+    out!("   budget out and back once per iteration at the pinned duplex bandwidth); pf. hits = prefetch hit rate;");
+    out!("   completed = whether the replay ran to the end without running out of memory (reactive/predictive); pred. = predictive");
+    out!(
         "{:<30} {:>9} {:>10} {:>10} {:>8} {:>11} {:>9} {:>9}",
-        "trace", "completed", "stall/comp", "pred.", "floor", "spilled", "pf. hits", "pred."
+        "trace",
+        "completed",
+        "stall/comp",
+        "pred.",
+        "floor",
+        "spilled",
+        "pf. hits",
+        "pred."
     );
     for r in rows {
         let (a, p) = (&r["tiered"]["reactive"], &r["tiered"]["predictive"]);
-        println!(
+        out!(
             "{:<30} {:>9} {:>10} {:>10} {:>8} {:>11} {:>9} {:>9}",
             r["trace"].as_str().unwrap_or(""),
             format!("{}/{}", a["completed"], p["completed"]),

@@ -36,7 +36,9 @@ pub fn eval_one(model: &Option<PathBuf>, trace: &Path) -> Result<EvalReport> {
 
 pub fn run(a: EvalArgs) -> Result<()> {
     for t in &a.trace {
+        let busy = super::progress::Busy::new(format!("evaluating on {}", t.display()));
         let r = eval_one(&a.model, t)?;
+        drop(busy);
         if a.json {
             let models: serde_json::Map<String, serde_json::Value> = r
                 .models
@@ -51,7 +53,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
                 .collect();
             let (best, best_wape) = r.best_baseline();
             let lstm = r.models.get("lstm").map_or(f64::NAN, |m| m.wape);
-            println!(
+            out!(
                 "{}",
                 serde_json::json!({
                     "trace": r.trace, "steps": r.steps, "season": r.season,
@@ -60,24 +62,33 @@ pub fn run(a: EvalArgs) -> Result<()> {
                 })
             );
         } else {
-            println!(
+            out!(
                 "{} ({} steps, horizon {}, season {})",
-                r.trace, r.steps, r.horizon, r.season
+                r.trace,
+                r.steps,
+                r.horizon,
+                r.season
             );
-            println!(
+            out!(
                 "  {:<18} {:>8} {:>14} {:>10}",
-                "model", "WAPE", "MAE (bytes)", "under"
+                "model",
+                "WAPE",
+                "MAE (bytes)",
+                "under"
             );
             for (k, m) in &r.models {
-                println!(
+                out!(
                     "  {k:<18} {:>8.4} {:>14.0} {:>10.3}",
-                    m.wape, m.mae, m.under_rate
+                    m.wape,
+                    m.mae,
+                    m.under_rate
                 );
             }
             let (best, bw) = r.best_baseline();
             if let Some(l) = r.models.get("lstm") {
-                println!("  lstm / best baseline ({best}) = {:.3}", l.wape / bw);
+                out!("  lstm / best baseline ({best}) = {:.3}", l.wape / bw);
             }
+            out!("  (requested bytes per step, horizons 1..{} averaged: WAPE = sum |actual - forecast| / sum actual; MAE = mean |actual - forecast|; under = under-forecast rate, the share of forecasts below the actual)", r.horizon);
         }
     }
     Ok(())

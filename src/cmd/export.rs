@@ -18,9 +18,10 @@ pub struct ExportArgs {
     /// Artifact directory.
     #[arg(long)]
     pub model: PathBuf,
+    /// Weight format to write.
     #[arg(long, value_enum)]
     pub format: ExportFormat,
-    /// Output file.
+    /// Output file, written under exactly this name.
     #[arg(short, long)]
     pub output: PathBuf,
 }
@@ -32,6 +33,6 @@ pub fn run(a: ExportArgs) -> Result<()> {
         ExportFormat::Safetensors => w.save(&a.output)?,
         ExportFormat::Burn => memcast_predictor::train::backend::save_burn_record(&w, &a.output)?,
     }
-    println!("wrote {}", a.output.display());
+    out!("wrote {}", a.output.display());
     Ok(())
 }

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use memcast_trace::features::{steps, StepConfig, FEATURE_NAMES, NUM_CLASSES};
 use memcast_trace::Trace;
 
@@ -16,9 +16,11 @@ pub fn write(t: &Trace, allocs_per_step: u32, out: &Path) -> Result<usize> {
         ..StepConfig::default()
     };
     let series = steps(t, cfg);
-    let f =
-        std::fs::File::create(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let mut w = std::io::BufWriter::new(f);
+    memcast_trace::output::write_with(out, |w| write_csv(&series, w))?;
+    Ok(series.len())
+}
+
+fn write_csv(series: &[memcast_trace::features::Step], w: &mut dyn Write) -> std::io::Result<()> {
     let mut header = vec![
         "step".to_string(),
         "iteration".into(),
@@ -39,7 +41,7 @@ pub fn write(t: &Trace, allocs_per_step: u32, out: &Path) -> Result<usize> {
             .map(|n| format!("f:{n}").replace(',', ";")),
     );
     writeln!(w, "{}", header.join(","))?;
-    for s in &series {
+    for s in series {
         let mut row = vec![
             s.index.to_string(),
             s.iteration.to_string(),
@@ -53,6 +55,5 @@ pub fn write(t: &Trace, allocs_per_step: u32, out: &Path) -> Result<usize> {
         row.extend(s.features.iter().map(|x| format!("{x:.6}")));
         writeln!(w, "{}", row.join(","))?;
     }
-    w.flush()?;
-    Ok(series.len())
+    Ok(())
 }

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use memcast_trace::native::{save_with, WriteOptions};
 use memcast_trace::stats::{human_bytes, TraceStats};
@@ -131,8 +131,8 @@ pub struct GenArgs {
     /// Output trace (native format).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// zstd level for the output (0 = uncompressed).
-    #[arg(long, default_value_t = 9)]
+    /// zstd level for the output, 1..=22 (0 = uncompressed).
+    #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(i32).range(0..=22))]
     pub zstd: i32,
     /// Print the full configuration as JSON before generating.
     #[arg(long)]
@@ -206,18 +206,64 @@ impl GenArgs {
     }
 }
 
+/// Options that the family or mode asked for cannot use are errors, not ignored.
+fn check_applies(a: &GenArgs) -> Result<()> {
+    use FamilyArg::*;
+    let fam = a.family;
+    let families = |ok: &[FamilyArg]| {
+        ok.iter()
+            .any(|f| std::mem::discriminant(f) == std::mem::discriminant(&fam))
+    };
+    let given: [(&str, bool, &[FamilyArg]); 7] = [
+        ("--seq", a.seq.is_some(), &[Transformer, Bert]),
+        ("--image", a.image.is_some(), &[Cnn, Mobilenet]),
+        ("--heads", a.heads.is_some(), &[Transformer, Bert]),
+        ("--vocab", a.vocab.is_some(), &[Transformer, Bert]),
+        ("--positions", a.positions.is_some(), &[Transformer, Bert]),
+        ("--classes", a.classes.is_some(), &[Mlp, Cnn, Mobilenet]),
+        ("--in-features", a.in_features.is_some(), &[Mlp]),
+    ];
+    for (name, set, ok) in given {
+        if set && !families(ok) {
+            let names: Vec<String> = ok
+                .iter()
+                .filter_map(|f| f.to_possible_value().map(|v| v.get_name().to_string()))
+                .collect();
+            bail!("{name} applies to the {} families only", names.join(", "));
+        }
+    }
+    let generate = matches!(a.mode, ModeArg::Generate);
+    for (name, set) in [
+        ("--gen-batches", !a.gen_batches.is_empty()),
+        ("--gen-prompts", !a.gen_prompts.is_empty()),
+        ("--gen-new-tokens", !a.gen_new_tokens.is_empty()),
+    ] {
+        if set && !generate {
+            bail!("{name} applies to --mode generate only");
+        }
+    }
+    if a.optimizer.is_some() && !matches!(a.mode, ModeArg::Train) {
+        bail!("--optimizer applies to --mode train only");
+    }
+    Ok(())
+}
+
 pub fn run(args: GenArgs) -> Result<()> {
+    check_applies(&args)?;
+    memcast_trace::output::check(&args.output)?;
     let cfg = args.config();
     if args.print_config {
-        println!("{}", serde_json::to_string_pretty(&cfg)?);
+        out!("{}", serde_json::to_string_pretty(&cfg)?);
     }
+    let busy = super::progress::Busy::new("generating the synthetic trace");
     let trace = generate(&cfg).context("generating the synthetic trace")?;
+    drop(busy);
     let opts = WriteOptions {
         zstd_level: (args.zstd > 0).then_some(args.zstd),
     };
     save_with(&trace, &args.output, opts)?;
     let s = TraceStats::compute(&trace)?;
-    println!(
+    out!(
         "{}: {} iterations, {} events ({} allocs), static {}, peak requested {} -> {}",
         trace.meta.name,
         s.iterations,

@@ -9,6 +9,7 @@ pub mod features_csv;
 pub mod gen;
 pub mod plot;
 pub mod predict;
+pub mod progress;
 pub mod replay;
 pub mod trace;
 pub mod train;

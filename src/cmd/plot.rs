@@ -4,6 +4,8 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+
+use super::chart::PlotFormat;
 use memcast_trace::{EventKind, Trace};
 use plotters::prelude::*;
 
@@ -11,15 +13,10 @@ use plotters::prelude::*;
 const MAX_POINTS: usize = 4000;
 
 pub fn plot_trace(t: &Trace, out: &Path) -> Result<()> {
-    let ext = out
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    match ext.as_deref() {
-        Some("svg") => draw(t, SVGBackend::new(out, (1200, 500)).into_drawing_area()),
-        Some("png") => draw(t, BitMapBackend::new(out, (1200, 500)).into_drawing_area()),
-        _ => bail!("{}: the output must end in .svg or .png", out.display()),
-    }
+    super::chart::write_plot(out, |tmp, format| match format {
+        PlotFormat::Svg => draw(t, SVGBackend::new(tmp, (1200, 500)).into_drawing_area()),
+        PlotFormat::Png => draw(t, BitMapBackend::new(tmp, (1200, 500)).into_drawing_area()),
+    })
     .with_context(|| format!("cannot draw {}", out.display()))
 }
 
@@ -84,7 +81,7 @@ where
     }
     let x_max = s.points.last().map(|p| p.0).unwrap_or(1.0).max(1e-3);
     let y_max = s.points.iter().map(|p| p.2).fold(0.0, f64::max).max(1e-6) * 1.08;
-    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e:?}");
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("drawing failed: {e}");
     root.fill(&WHITE).map_err(err)?;
     let title = if t.meta.name.is_empty() {
         "trace"

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use memcast_predictor::data::load_series;
 use memcast_predictor::eval::run_model;
 use memcast_trace::features::CH_TOTAL;
@@ -12,6 +12,7 @@ pub struct PredictArgs {
     /// Artifact directory (default: the shipped default model).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Trace to forecast (PyTorch snapshot pickle, optionally .xz, or native).
     #[arg(long)]
     pub trace: PathBuf,
     /// Which horizon to show: the forecast made `h` steps before each step.
@@ -28,13 +29,7 @@ pub struct PredictArgs {
 pub fn run(a: PredictArgs) -> Result<()> {
     if let Some(p) = &a.plot {
         // Checked before the work: a plot it cannot write fails now, not after.
-        let ext = p
-            .extension()
-            .and_then(|e| e.to_str())
-            .map(str::to_ascii_lowercase);
-        if !matches!(ext.as_deref(), Some("svg" | "png")) {
-            bail!("{}: the plot must end in .svg or .png", p.display());
-        }
+        super::chart::check_plot_path(p)?;
     }
     let mut m = super::load_model(&a.model)?;
     let cfg = m.weights().config.clone();
@@ -61,7 +56,13 @@ pub fn run(a: PredictArgs) -> Result<()> {
             )
         })
         .collect();
-    println!(
+    // The plot first: it is the part that can fail, and a reader that closes stdout
+    // early must not lose it.
+    if let Some(p) = &a.plot {
+        plot(&rows, &series.name, a.h, p)?;
+        eprintln!("wrote {}", p.display());
+    }
+    out!(
         "step,iteration,actual_requested_bytes,forecast_h{}_bytes",
         a.h
     );
@@ -71,14 +72,10 @@ pub fn run(a: PredictArgs) -> Result<()> {
         a.limit.min(rows.len())
     };
     for &(t, y, f) in &rows[..n] {
-        println!("{t},{},{y:.0},{f:.0}", series.records[t].step.iteration);
+        out!("{t},{},{y:.0},{f:.0}", series.records[t].step.iteration);
     }
     if n < rows.len() {
         eprintln!("({} more rows; --limit 0 prints all)", rows.len() - n);
-    }
-    if let Some(p) = &a.plot {
-        plot(&rows, &series.name, a.h, p)?;
-        eprintln!("wrote {}", p.display());
     }
     Ok(())
 }

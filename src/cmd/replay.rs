@@ -102,8 +102,9 @@ pub struct ReplayArgs {
     /// memcast allocator settings, `key:value,...` (over MEMCAST_ALLOC_CONF).
     #[arg(long)]
     pub conf: Option<String>,
-    /// Device budget: bytes (`12G`, `123456`) or a share of the trace's peak
-    /// requested bytes (`60%`, `0.6`): the tiered replay, with spill and prefetch.
+    /// Device budget: a share of the trace's peak requested bytes (`60%`, or `0.6`: a
+    /// number with a point, at most 1) or bytes (`12G`, `512M`, `123456`): the tiered
+    /// replay, with spill and prefetch.
     #[arg(long)]
     pub budget: Option<String>,
     /// Run the allocator's invariant check every N events (slow; 0 = never).
@@ -116,8 +117,8 @@ pub struct ReplayArgs {
     pub import: ReplayImportArgs,
 }
 
-/// How to read PyTorch snapshots (`trace`'s import options; the CUDA device index is
-/// `--cuda-device` here because `--device` picks the replay backend).
+/// How to read PyTorch snapshots (`trace`'s import options; `--device` picks the replay
+/// backend).
 #[derive(clap::Args, Clone)]
 pub struct ReplayImportArgs {
     /// Allocation size (bytes) that marks an iteration boundary in PyTorch snapshots.
@@ -136,7 +137,7 @@ impl ReplayImportArgs {
         super::trace::ImportArgs {
             marker_bytes: self.marker_bytes,
             no_markers: self.no_markers,
-            device: self.cuda_device,
+            cuda_device: self.cuda_device,
         }
         .load(path)
     }
@@ -151,18 +152,18 @@ pub fn print_reports<R: serde::Serialize>(
 ) -> Result<()> {
     if args.json {
         if args.compare.is_empty() {
-            println!("{}", serde_json::to_string(&reports[0].1)?);
+            out!("{}", serde_json::to_string(&reports[0].1)?);
         } else {
             let obj: serde_json::Map<String, serde_json::Value> = reports
                 .iter()
                 .map(|(n, r)| Ok((n.to_string(), serde_json::to_value(r)?)))
                 .collect::<Result<_>>()?;
-            println!("{}", serde_json::Value::Object(obj));
+            out!("{}", serde_json::Value::Object(obj));
         }
     } else {
         for (i, (_, r)) in reports.iter().enumerate() {
             if i > 0 {
-                println!();
+                out!("");
             }
             table(r);
         }
@@ -245,7 +246,9 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     if args.budget.is_some() {
         return tiered::run(&args);
     }
+    let busy = super::progress::Busy::new(format!("loading {}", args.trace.display()));
     let trace = args.import.load(&args.trace)?;
+    drop(busy);
     let config = alloc_config(&args, AllocConfig::default())?;
     let mut reports = Vec::new();
     for p in policies(&args) {
@@ -267,8 +270,15 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             forecaster: forecaster(&args),
             ..Default::default()
         };
+        let busy = super::progress::Busy::new(format!(
+            "replaying {} ({}, {:?})",
+            args.trace.display(),
+            p.name(),
+            args.device
+        ));
         let report = replay(&trace, &opts)
             .with_context(|| format!("{} replay of {} failed", p.name(), args.trace.display()))?;
+        drop(busy);
         reports.push((p.name(), report));
     }
     print_reports(&args, &reports, print_table)?;
@@ -278,8 +288,8 @@ pub fn run(args: ReplayArgs) -> Result<()> {
 fn print_table(r: &ReplayReport) {
     let policy = serde_json::to_value(r.policy).unwrap_or_default();
     let device = serde_json::to_value(r.device).unwrap_or_default();
-    println!("trace             {}", r.trace);
-    println!(
+    out!("trace             {}", r.trace);
+    out!(
         "policy / device   {} / {}{}",
         policy.as_str().unwrap_or("?"),
         device.as_str().unwrap_or("?"),
@@ -289,21 +299,24 @@ fn print_table(r: &ReplayReport) {
             String::new()
         }
     );
-    println!(
+    out!(
         "events            {} ({} allocs, {} frees, {} static blocks)",
-        r.events, r.allocs, r.frees, r.static_blocks
+        r.events,
+        r.allocs,
+        r.frees,
+        r.static_blocks
     );
-    println!("peak requested    {}", human_bytes(r.peak_requested_bytes));
-    println!("peak reserved     {}", human_bytes(r.peak_reserved_bytes));
-    println!(
+    out!("peak requested    {}", human_bytes(r.peak_requested_bytes));
+    out!("peak reserved     {}", human_bytes(r.peak_reserved_bytes));
+    out!(
         "reserved overhead {:.2}%  (peak reserved / peak requested - 1)",
         100.0 * r.reserved_overhead
     );
-    println!(
+    out!(
         "mean reserved     {}  (time-weighted)",
         human_bytes(r.mean_reserved_bytes as u64)
     );
-    println!(
+    out!(
         "device allocs     {} ({} frees); {} inside requests ({} after the first iteration), {} ahead of need",
         r.device_allocs,
         r.device_frees,
@@ -311,20 +324,23 @@ fn print_table(r: &ReplayReport) {
         r.critical_path_device_calls_after_first_iteration,
         r.ahead_device_calls
     );
-    println!(
+    out!(
         "fragmentation     mean {:.3}, max {:.2}, at peak {:.2}  (1 - largest free block / free bytes)",
         r.mean_fragmentation, r.max_fragmentation, r.fragmentation_at_peak
     );
-    let modelled = if r.device == Device::Sim {
-        ""
+    if r.device == Device::Sim {
+        out!(
+            "device time       {:.1} ms, {:.1} ms of it inside requests",
+            r.device_time_us / 1e3,
+            r.critical_path_device_us / 1e3
+        );
     } else {
-        "  (not modelled on this device: host time of the calls only)"
-    };
-    println!(
-        "device time       {:.1} ms, {:.1} ms of it inside requests{modelled}",
-        r.device_time_us / 1e3,
-        r.critical_path_device_us / 1e3
-    );
-    println!("replay speed      {:.2} M events/s", r.events_per_sec / 1e6);
+        out!(
+            "device time       not modelled on this device (the host time of its calls: {:.3} ms, {:.3} ms of it inside requests)",
+            r.device_time_us / 1e3,
+            r.critical_path_device_us / 1e3
+        );
+    }
+    out!("replay speed      {:.2} M events/s", r.events_per_sec / 1e6);
     cuda::print_calls(r);
 }

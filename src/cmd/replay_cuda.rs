@@ -8,10 +8,16 @@ pub fn print_calls(r: &ReplayReport) {
     let Some(c) = r.extra.get("cuda") else {
         return;
     };
-    println!("device calls      measured on the GPU vs sim's cost of the same calls:");
-    println!(
+    out!("device calls      measured on the GPU vs sim's cost of the same calls:");
+    out!(
         "  {:<10} {:>7} {:>10} {:>10} {:>12} {:>12} {:>10}",
-        "call", "calls", "p50 us", "p99 us", "total ms", "sim total ms", "sim p50 us"
+        "call",
+        "calls",
+        "p50 us",
+        "p99 us",
+        "total ms",
+        "sim total ms",
+        "sim p50 us"
     );
     for k in ["alloc", "free", "map", "unmap", "sync"] {
         let Some(s) = c.get(k) else { continue };
@@ -24,7 +30,7 @@ pub fn print_calls(r: &ReplayReport) {
             Some(x) => format!("{:.1}", x / scale),
             None => "-".into(),
         };
-        println!(
+        out!(
             "  {:<10} {:>7} {:>10.1} {:>10.1} {:>12.2} {:>12} {:>10}",
             k,
             calls,
@@ -40,7 +46,7 @@ pub fn print_calls(r: &ReplayReport) {
         .filter_map(|k| c.get(*k)?.get("total_us")?.as_f64())
         .sum();
     if let Some(sim) = c.get("sim_device_time_us").and_then(|v| v.as_f64()) {
-        println!(
+        out!(
             "alloc+free+map+unmap {:.1} ms measured, {:.1} ms charged by sim for the same calls",
             measured / 1e3,
             sim / 1e3

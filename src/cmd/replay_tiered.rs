@@ -30,6 +30,14 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         .map_err(|e: String| anyhow::anyhow!(e))
         .context("--budget")?;
     let trace = args.import.load(&args.trace)?;
+    let allocates =
+        (trace.events.iter()).any(|e| matches!(e.kind, memcast_trace::EventKind::Alloc { .. }));
+    if trace.static_blocks.is_empty() && !allocates {
+        bail!(
+            "{}: the trace allocates nothing, so there is nothing to replay under a budget",
+            args.trace.display()
+        );
+    }
     // Allocator settings: the tiered replay's defaults (fixed segments), then the
     // environment and --conf on top.
     let alloc = super::alloc_config(args, TierReplayOptions::default().alloc)?;
@@ -49,6 +57,11 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
                 .then(|| (super::forecaster(args), alloc.predictive_actions)),
             ..Default::default()
         };
+        let _busy = super::super::progress::Busy::new(format!(
+            "replaying {} under a budget ({})",
+            args.trace.display(),
+            p.name()
+        ));
         let report = replay_budgeted(&trace, &opts)
             .with_context(|| format!("tiered replay of {} failed", args.trace.display()))?;
         reports.push((p.name(), report));
@@ -61,36 +74,39 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
 }
 
 fn print_table(r: &TierReport) {
-    println!("trace              {}", r.trace);
-    println!(
+    out!("trace              {}", r.trace);
+    out!(
         "policy             {} (forecaster: {}, spill: {}, prefetch: {}, access model: {:?})",
-        r.policy, r.forecaster, r.spill_policy, r.prefetcher, r.access_model
+        r.policy,
+        r.forecaster,
+        r.spill_policy,
+        r.prefetcher,
+        r.access_model
     );
-    println!(
+    out!(
         "budget             {} ({:.0}% of peak requested {})",
         human_bytes(r.budget_bytes),
         100.0 * r.budget_fraction,
         human_bytes(r.peak_requested_bytes)
     );
-    println!("completed          {} ({} OOM)", r.completed, r.ooms);
-    println!("compute            {:.1} ms", r.compute_us / 1e3);
-    let modelled = if r.device == Device::Sim {
-        ""
+    out!("completed          {} ({} OOM)", r.completed, r.ooms);
+    if r.device == Device::Sim {
+        out!("compute            {:.1} ms", r.compute_us / 1e3);
+        out!(
+            "stall              {:.1} ms (transfers {:.1} ms), overhead {:.3} (stall / compute)",
+            r.stall_us / 1e3,
+            r.transfer_stall_us / 1e3,
+            r.stall_overhead
+        );
+        out!(
+            "link-bound floor   {:.1} ms, overhead {:.3} (the excess over the budget out and back once per iteration at the pinned duplex bandwidth)",
+            r.link_floor_us / 1e3,
+            r.link_floor_overhead
+        );
     } else {
-        "  (time is not modelled on this device)"
-    };
-    println!(
-        "stall              {:.1} ms (transfers {:.1} ms), overhead {:.3} (stall / compute){modelled}",
-        r.stall_us / 1e3,
-        r.transfer_stall_us / 1e3,
-        r.stall_overhead
-    );
-    println!(
-        "link-bound floor   {:.1} ms, overhead {:.3} (the excess over the budget out and back once per iteration at the pinned duplex bandwidth)",
-        r.link_floor_us / 1e3,
-        r.link_floor_overhead
-    );
-    println!(
+        out!("time               not modelled on this device (compute, stall and the link-bound floor are the simulated device's: --device sim)");
+    }
+    out!(
         "spilled            {} in {} spills ({} batches ahead of a forecast peak, {} on the OOM path, {} cancelled)",
         human_bytes(r.spilled_bytes),
         r.spills,
@@ -98,17 +114,21 @@ fn print_table(r: &TierReport) {
         r.sync_spills,
         r.cancelled_spills
     );
-    println!(
+    out!(
         "prefetched         {} in {} prefetches ({} never used)",
         human_bytes(r.prefetched_bytes),
         r.prefetches,
         r.wasted_prefetches
     );
-    println!(
+    out!(
         "prefetch hit rate  {:.3} ({} hits, {} misses: {} faults, {} late)",
-        r.prefetch_hit_rate, r.prefetch_hits, r.prefetch_misses, r.faults, r.late_prefetches
+        r.prefetch_hit_rate,
+        r.prefetch_hits,
+        r.prefetch_misses,
+        r.faults,
+        r.late_prefetches
     );
-    println!(
+    out!(
         "peak reserved      {} (host {}, pinned pool {})",
         human_bytes(r.peak_reserved_bytes),
         human_bytes(r.peak_host_bytes),

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Subcommand, ValueEnum};
 use memcast_trace::export::{write_text, TextFormat};
 use memcast_trace::io::load_trace_with;
@@ -15,17 +15,20 @@ use memcast_trace::Trace;
 pub enum TraceCommand {
     /// Convert a PyTorch snapshot pickle (optionally .xz) or a native trace to native.
     Import {
+        /// Trace file: a PyTorch snapshot pickle (optionally .xz) or a native trace.
         file: PathBuf,
+        /// Native trace to write (.mctrace).
         #[arg(short, long)]
         output: PathBuf,
         #[command(flatten)]
         import: ImportArgs,
-        /// zstd level for the output (0 = uncompressed).
-        #[arg(long, default_value_t = 9)]
+        /// zstd level for the output, 1..=22 (0 = uncompressed).
+        #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(i32).range(0..=22))]
         zstd: i32,
     },
     /// Print summary statistics of a trace.
     Stats {
+        /// Trace file: a PyTorch snapshot pickle (optionally .xz) or a native trace.
         file: PathBuf,
         #[command(flatten)]
         import: ImportArgs,
@@ -37,7 +40,9 @@ pub enum TraceCommand {
     Gen(Box<super::gen::GenArgs>),
     /// Write the step features of a trace as CSV (the predictor's input).
     Features {
+        /// Trace file: a PyTorch snapshot pickle (optionally .xz) or a native trace.
         file: PathBuf,
+        /// CSV file to write.
         #[arg(short, long)]
         output: PathBuf,
         #[command(flatten)]
@@ -48,9 +53,12 @@ pub enum TraceCommand {
     },
     /// Export a trace as text (CSV or JSON Lines) for people and other tools.
     Export {
+        /// Trace file: a PyTorch snapshot pickle (optionally .xz) or a native trace.
         file: PathBuf,
+        /// Text format.
         #[arg(long, value_enum)]
         format: ExportFormat,
+        /// Text file to write.
         #[arg(short, long)]
         output: PathBuf,
         #[command(flatten)]
@@ -58,6 +66,7 @@ pub enum TraceCommand {
     },
     /// Plot live and static bytes over time with iteration boundaries (SVG or PNG).
     Plot {
+        /// Trace file: a PyTorch snapshot pickle (optionally .xz) or a native trace.
         file: PathBuf,
         /// Output file; the extension (.svg or .png) picks the format.
         #[arg(short, long)]
@@ -76,29 +85,40 @@ pub struct ImportArgs {
     /// Do not treat marker allocations as iteration boundaries.
     #[arg(long)]
     pub no_markers: bool,
-    /// Which CUDA device's events to read from a snapshot.
+    /// Which CUDA device's events to read from a snapshot (its index in
+    /// `device_traces`).
     #[arg(long, default_value_t = 0)]
-    pub device: usize,
+    pub cuda_device: usize,
 }
 
 impl ImportArgs {
     pub fn options(&self) -> SnapshotOptions {
         SnapshotOptions {
-            device: self.device,
+            device: self.cuda_device,
             iteration_marker_bytes: (!self.no_markers).then_some(self.marker_bytes),
             ..Default::default()
         }
     }
 
     pub fn load(&self, path: &Path) -> Result<Trace> {
-        load_trace_with(path, &self.options())
-            .with_context(|| format!("cannot load trace {}", path.display()))
+        // The error names the file (and where in it) already.
+        let t = load_trace_with(path, &self.options())?;
+        if t.meta.source == "pytorch-snapshot" && !self.no_markers && t.boundaries() == 0 {
+            eprintln!(
+                "warning: {}: no iteration marker (an alloc of exactly {} B freed at once) in the snapshot, so it has no iteration boundaries; --marker-bytes sets the size, --no-markers reads it without",
+                path.display(),
+                self.marker_bytes
+            );
+        }
+        Ok(t)
     }
 }
 
 #[derive(ValueEnum, Clone, Copy)]
 pub enum ExportFormat {
+    /// One header line, then `index,time_us,kind,id,bytes,stream` rows.
     Csv,
+    /// One JSON object per line.
     Jsonl,
 }
 
@@ -116,7 +136,7 @@ pub fn run(c: TraceCommand) -> Result<()> {
             };
             save_with(&t, &output, opts)?;
             let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
-            println!(
+            out!(
                 "{}: {} events, {} static blocks -> {} ({})",
                 file.display(),
                 t.events.len(),
@@ -129,7 +149,7 @@ pub fn run(c: TraceCommand) -> Result<()> {
             let t = import.load(&file)?;
             let s = TraceStats::compute(&t)?;
             if json {
-                println!("{}", serde_json::to_string(&s)?);
+                out!("{}", serde_json::to_string(&s)?);
             } else {
                 print_stats(&s);
             }
@@ -143,7 +163,7 @@ pub fn run(c: TraceCommand) -> Result<()> {
         } => {
             let t = import.load(&file)?;
             let n = super::features_csv::write(&t, step_allocs, &output)?;
-            println!("{}: {n} steps -> {}", file.display(), output.display());
+            out!("{}: {n} steps -> {}", file.display(), output.display());
         }
         TraceCommand::Export {
             file,
@@ -152,14 +172,11 @@ pub fn run(c: TraceCommand) -> Result<()> {
             import,
         } => {
             let t = import.load(&file)?;
-            let mut f = std::fs::File::create(&output)
-                .with_context(|| format!("cannot create {}", output.display()))?;
             let format = match format {
                 ExportFormat::Csv => TextFormat::Csv,
                 ExportFormat::Jsonl => TextFormat::JsonLines,
             };
-            write_text(&t, format, &mut f)
-                .with_context(|| format!("writing {}", output.display()))?;
+            memcast_trace::output::write_with(&output, |w| write_text(&t, format, w))?;
         }
         TraceCommand::Plot {
             file,
@@ -168,7 +185,7 @@ pub fn run(c: TraceCommand) -> Result<()> {
         } => {
             let t = import.load(&file)?;
             super::plot::plot_trace(&t, &output)?;
-            println!("{}", output.display());
+            out!("{}", output.display());
         }
     }
     Ok(())
@@ -199,8 +216,8 @@ fn print_stats(s: &TraceStats) {
         ("live at end", s.live_at_end.to_string()),
         ("total requested", human_bytes(s.total_requested_bytes)),
     ];
-    println!("{}", s.name);
+    out!("{}", s.name);
     for (k, v) in rows {
-        println!("  {k:<20} {v}");
+        out!("  {k:<20} {v}");
     }
 }

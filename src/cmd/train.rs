@@ -24,10 +24,13 @@ pub struct TrainArgs {
     /// ndarray (CPU) or cuda (needs the `cuda` feature and a GPU).
     #[arg(long, default_value = "ndarray")]
     pub backend: BackendKind,
+    /// Most passes over the training windows (early stopping may end sooner).
     #[arg(long, default_value_t = TrainConfig::default().epochs)]
     pub epochs: usize,
+    /// LSTM hidden units per layer.
     #[arg(long, default_value_t = ModelConfig::default().hidden)]
     pub hidden: usize,
+    /// Stacked LSTM layers.
     #[arg(long, default_value_t = ModelConfig::default().layers)]
     pub layers: usize,
     /// Steps forecast ahead.
@@ -36,16 +39,24 @@ pub struct TrainArgs {
     /// Steps per training window.
     #[arg(long, default_value_t = TrainConfig::default().window)]
     pub window: usize,
+    /// Steps between the starts of consecutive training windows.
     #[arg(long, default_value_t = TrainConfig::default().stride)]
     pub stride: usize,
+    /// Windows per gradient step.
     #[arg(long, default_value_t = TrainConfig::default().batch)]
     pub batch: usize,
+    /// Adam learning rate, in (0, 1].
     #[arg(long, default_value_t = TrainConfig::default().learning_rate)]
     pub lr: f64,
+    /// Stop after this many epochs without a better loss (validation loss, or the
+    /// training loss without validation traces).
     #[arg(long, default_value_t = TrainConfig::default().patience)]
     pub patience: usize,
+    /// Share of the traces held out for validation (whole traces, in [0, 1)); only
+    /// traces with scored targets are held out.
     #[arg(long, default_value_t = TrainConfig::default().val_fraction)]
     pub val_fraction: f64,
+    /// Seed of the split, the shuffling and the initial weights.
     #[arg(long, default_value_t = TrainConfig::default().seed)]
     pub seed: u64,
     /// Stop after the epoch that crosses this many seconds (0 = no limit).
@@ -66,7 +77,20 @@ pub fn load_all(
     step: StepConfig,
     horizon: usize,
 ) -> Result<Vec<Series>> {
+    if let Some(x) = exclude.iter().find(|x| x.is_empty()) {
+        anyhow::bail!("--exclude {x:?} matches every trace name; give part of a name to leave out");
+    }
     let files = trace_files(inputs)?;
+    anyhow::ensure!(
+        !files.is_empty(),
+        "no trace files (*.mctrace, *.pickle, *.pickle.xz) in {}",
+        inputs
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let found = files.len();
     let mut out = Vec::new();
     for f in files {
         let name = memcast_trace::io::trace_name(&f);
@@ -77,8 +101,26 @@ pub fn load_all(
             load_series(&f, step, horizon).with_context(|| format!("loading {}", f.display()))?,
         );
     }
-    anyhow::ensure!(!out.is_empty(), "no trace files found in {inputs:?}");
+    anyhow::ensure!(
+        !out.is_empty(),
+        "all {found} trace files found were left out by --exclude {}",
+        exclude.join(", ")
+    );
     Ok(out)
+}
+
+/// One epoch's line: losses are the masked L1 loss of normalised residuals; `val loss -`
+/// when there are no validation traces.
+fn epoch_line(r: &EpochReport) -> String {
+    let val = if r.val_loss.is_finite() {
+        format!("{:.5}", r.val_loss)
+    } else {
+        "-".into()
+    };
+    format!(
+        "epoch {:>3}  train loss {:.5}  val loss {val}  {:.1} s",
+        r.epoch, r.train_loss, r.seconds
+    )
 }
 
 struct Bar(ProgressBar);
@@ -92,10 +134,7 @@ impl Progress for Bar {
         self.0.inc(1);
     }
     fn epoch(&mut self, r: &EpochReport) {
-        self.0.println(format!(
-            "epoch {:>3}  train loss {:.5}  val loss {:.5}  {:.1} s",
-            r.epoch, r.train_loss, r.val_loss, r.seconds
-        ));
+        self.0.println(epoch_line(r));
     }
 }
 
@@ -128,6 +167,14 @@ pub fn run(a: TrainArgs) -> Result<()> {
     config.model.validate()?;
     config.train.validate()?;
     anyhow::ensure!(a.step_allocs > 0, "--step-allocs must be at least 1");
+    // Checked before loading and training: what would fail at the end fails now.
+    memcast_predictor::train::backend::check_backend(a.backend)?;
+    if a.output.exists() && !a.output.is_dir() {
+        anyhow::bail!(
+            "{}: exists and is not a folder (-o names the artifact folder to write)",
+            a.output.display()
+        );
+    }
     let t0 = std::time::Instant::now();
     let series = load_all(&a.traces, &a.exclude, config.step, config.model.horizon)?;
     let steps: usize = series.iter().map(|s| s.len()).sum();
@@ -148,16 +195,16 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let mut bar = Bar(pb);
     let out = train_with(a.backend, &series, &config, &mut bar)?;
     bar.0.finish_and_clear();
+    for w in &out.warnings {
+        eprintln!("warning: {w}");
+    }
     for r in &out.history {
         if bar.0.is_hidden() {
-            eprintln!(
-                "epoch {:>3}  train loss {:.5}  val loss {:.5}  {:.1} s",
-                r.epoch, r.train_loss, r.val_loss, r.seconds
-            );
+            eprintln!("{}", epoch_line(r));
         }
     }
     artifact::save(&a.output, &out.weights)?;
-    memcast_predictor::train::backend::save_burn_record(&out.weights, &a.output.join("model"))?;
+    memcast_predictor::train::backend::save_burn_record(&out.weights, &a.output.join("model.mpk"))?;
     let metrics = serde_json::json!({
         "backend": a.backend,
         "train_traces": out.train_traces,
@@ -165,12 +212,14 @@ pub fn run(a: TrainArgs) -> Result<()> {
         "train_windows": out.train_windows,
         "best_epoch": out.best_epoch,
         "stopped_early": out.stopped_early,
+        "selected_on": out.selected_on,
+        "warnings": out.warnings,
         "train_seconds": out.seconds,
         "seconds_per_epoch": out.seconds / out.history.len().max(1) as f64,
         "history": out.history,
     });
     artifact::write_json(&a.output.join(artifact::METRICS), &metrics)?;
-    println!(
+    out!(
         "trained {} epochs (best {}) in {:.1} s on {:?}; wrote {}",
         out.history.len(),
         out.best_epoch,

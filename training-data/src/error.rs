@@ -24,6 +24,9 @@ pub enum TraceError {
     /// A trace that breaks the model's invariants (index into `Trace::events`).
     #[error("trace event {index}: {what}")]
     Invalid { index: u64, what: String },
+    /// An input that reaches one of the limits of [`crate::limits`] (named in `what`).
+    #[error("limit reached: {what}")]
+    Limit { what: String },
     /// Any of the above, in a named file.
     #[error("{path}: {err}")]
     InFile { path: PathBuf, err: Box<TraceError> },

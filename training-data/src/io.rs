@@ -4,6 +4,7 @@ use std::io::Read;
 use std::path::Path;
 
 use crate::error::TraceError;
+use crate::limits::{decompressed_limit, MAX_XZ_RATIO};
 use crate::model::Trace;
 use crate::native;
 use crate::snapshot::{self, SnapshotOptions};
@@ -24,7 +25,20 @@ pub fn load_trace(path: &Path) -> Result<Trace, TraceError> {
 }
 
 /// Like [`load_trace`], with explicit snapshot options (`opts.name` empty = file name).
+/// Every trace loaded is checked ([`Trace::validate`]) before it is returned, so each
+/// consumer sees only well-formed traces; an inconsistent one is an error naming the file
+/// and the event index.
 pub fn load_trace_with(path: &Path, opts: &SnapshotOptions) -> Result<Trace, TraceError> {
+    let trace = decode_file(path, opts)?;
+    trace.validate().map_err(|e| TraceError::InFile {
+        path: path.to_path_buf(),
+        err: Box::new(e),
+    })?;
+    Ok(trace)
+}
+
+/// Reads and decodes a file, whatever its format.
+fn decode_file(path: &Path, opts: &SnapshotOptions) -> Result<Trace, TraceError> {
     let data = read_maybe_xz(path)?;
     let with_path = |e: TraceError| match e {
         TraceError::Io { .. } => e,
@@ -42,6 +56,9 @@ pub fn load_trace_with(path: &Path, opts: &SnapshotOptions) -> Result<Trace, Tra
             }
             snapshot::import_snapshot(&data, &opts).map_err(with_path)
         }
+        None if data.is_empty() => Err(with_path(TraceError::Snapshot {
+            what: "the file is empty (0 bytes), not a trace".into(),
+        })),
         None => Err(with_path(TraceError::Snapshot {
             what: "unknown format: neither a memcast trace, a pickle, nor xz".into(),
         })),
@@ -59,21 +76,55 @@ pub fn detect(data: &[u8]) -> Option<Format> {
     }
 }
 
-/// Reads a file, transparently decompressing xz.
+/// Reads a file, transparently decompressing xz. The decompressed size is bounded by
+/// [`MAX_XZ_RATIO`] times the compressed size, and an xz stream whose first bytes are
+/// neither a native trace nor a pickle is refused before it is decompressed further.
 pub fn read_maybe_xz(path: &Path) -> Result<Vec<u8>, TraceError> {
     let data = std::fs::read(path).map_err(|e| TraceError::io(path, e))?;
     if !data.starts_with(XZ_MAGIC) {
         return Ok(data);
     }
-    let mut out = Vec::with_capacity(data.len() * 8);
-    liblzma::read::XzDecoder::new(&data[..])
-        .read_to_end(&mut out)
-        .map_err(|e| TraceError::InFile {
-            path: path.to_path_buf(),
-            err: Box::new(TraceError::Native {
-                what: format!("xz stream is damaged: {e}"),
-            }),
-        })?;
+    unxz(&data).map_err(|e| TraceError::InFile {
+        path: path.to_path_buf(),
+        err: Box::new(e),
+    })
+}
+
+/// Decompresses an xz stream within the limits of [`read_maybe_xz`].
+fn unxz(data: &[u8]) -> Result<Vec<u8>, TraceError> {
+    let damaged = |e: std::io::Error| TraceError::Native {
+        what: format!("xz stream is damaged: {e}"),
+    };
+    let limit = decompressed_limit(data.len() as u64, MAX_XZ_RATIO);
+    let mut dec = liblzma::read::XzDecoder::new(data).take(limit + 1);
+    // The first bytes say whether the content is worth decompressing at all.
+    let mut out = vec![0u8; 8];
+    let mut head = 0;
+    while head < out.len() {
+        match dec.read(&mut out[head..]).map_err(damaged)? {
+            0 => break,
+            n => head += n,
+        }
+    }
+    out.truncate(head);
+    if detect(&out).is_none() {
+        return Err(TraceError::Snapshot {
+            what: if out.is_empty() {
+                "the xz stream holds no data".into()
+            } else {
+                "the xz stream holds neither a memcast trace nor a pickle (its first bytes)".into()
+            },
+        });
+    }
+    dec.read_to_end(&mut out).map_err(damaged)?;
+    if out.len() as u64 > limit {
+        return Err(TraceError::Limit {
+            what: format!(
+                "the xz stream of {} bytes expands to more than {limit} bytes, over {MAX_XZ_RATIO} times its size (limit MAX_XZ_RATIO; real snapshots expand about 30 times)",
+                data.len()
+            ),
+        });
+    }
     Ok(out)
 }
 

@@ -3,7 +3,10 @@
 //! - `model`: events, static blocks, tensor metadata ([`Trace`], re-exported here).
 //! - [`pickle`] + [`snapshot`]: import of PyTorch `torch.cuda.memory._snapshot()` pickles.
 //! - [`native`]: the versioned binary format (optionally zstd); [`export`]: CSV / JSON Lines.
-//! - [`io`]: [`io::load_trace`] reads any of them, detected by content.
+//! - [`io`]: [`io::load_trace`] reads any of them, detected by content, within the
+//!   [`limits`] that keep memory proportional to what a file holds.
+//! - [`output`]: writing every output file (symlinks followed, devices and FIFOs written
+//!   in place, regular files through a temporary file and a rename).
 //! - [`stats`]: summary statistics (`memcast trace stats`).
 //! - [`synth`]: synthetic traces from computation graphs, with liveness analysis.
 //! - [`features`]: the step featurizer, one implementation used offline and online.
@@ -16,8 +19,10 @@ mod error;
 pub mod export;
 pub mod features;
 pub mod io;
+pub mod limits;
 mod model;
 pub mod native;
+pub mod output;
 pub mod pickle;
 pub mod snapshot;
 pub mod stats;

@@ -15,12 +15,13 @@
 //! event, ids are zigzag deltas from the previous id-carrying event (frees usually name a
 //! recent allocation). See docs/trace-format.md for the measured size and load speed.
 
-use std::io::Write;
+use std::io::Read;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::TraceError;
+use crate::limits::{decompressed_limit, MAX_ZSTD_RATIO};
 use crate::model::{
     Event, EventKind, SourceSegmentEvent, StaticBlock, StreamId, TensorMeta, Trace, TraceMeta,
 };
@@ -211,7 +212,12 @@ pub fn decode(data: &[u8]) -> Result<Trace, TraceError> {
     }
     let u16_at = |o: usize| u16::from_le_bytes([data[o], data[o + 1]]);
     let version = u16_at(8);
-    if version == 0 || version > VERSION {
+    if version == 0 {
+        return Err(bad(
+            "format version 0 at byte offset 8, which no memcast writes: the header is damaged",
+        ));
+    }
+    if version > VERSION {
         return Err(bad(format!(
             "format version {version}; this memcast reads versions 1..={VERSION} (upgrade memcast)"
         )));
@@ -231,8 +237,7 @@ pub fn decode(data: &[u8]) -> Result<Trace, TraceError> {
     }
     let decompressed;
     let payload: &[u8] = if flags & FLAG_ZSTD != 0 {
-        decompressed = zstd::stream::decode_all(body)
-            .map_err(|e| bad(format!("zstd payload at offset {HEADER} is damaged: {e}")))?;
+        decompressed = unzstd(body)?;
         &decompressed
     } else {
         body
@@ -248,26 +253,54 @@ pub fn decode(data: &[u8]) -> Result<Trace, TraceError> {
     from_wire(wire)
 }
 
+/// Decompresses the zstd payload, no further than the size its frame header declares and
+/// [`MAX_ZSTD_RATIO`] times its compressed size.
+fn unzstd(body: &[u8]) -> Result<Vec<u8>, TraceError> {
+    let limit = decompressed_limit(body.len() as u64, MAX_ZSTD_RATIO);
+    let over = |what: String| {
+        TraceError::Limit {
+        what: format!(
+            "the zstd payload at offset {HEADER} ({} bytes) {what}, over {MAX_ZSTD_RATIO} times its size (limit MAX_ZSTD_RATIO; real traces expand about 10 times)",
+            body.len()
+        ),
+    }
+    };
+    let declared = zstd::zstd_safe::get_frame_content_size(body).ok().flatten();
+    if let Some(d) = declared.filter(|&d| d > limit) {
+        return Err(over(format!("declares {d} bytes")));
+    }
+    let cap = declared.unwrap_or(limit);
+    let damaged =
+        |e: std::io::Error| bad(format!("zstd payload at offset {HEADER} is damaged: {e}"));
+    let mut out = Vec::with_capacity(cap.min(limit) as usize);
+    zstd::stream::read::Decoder::with_buffer(body)
+        .map_err(damaged)?
+        .take(cap + 1)
+        .read_to_end(&mut out)
+        .map_err(damaged)?;
+    match declared {
+        Some(d) if out.len() as u64 > d => Err(bad(format!(
+            "zstd payload at offset {HEADER} is damaged: it holds more than the {d} bytes its frame declares"
+        ))),
+        Some(d) if (out.len() as u64) < d => Err(bad(format!(
+            "zstd payload at offset {HEADER} is damaged: it holds {} of the {d} bytes its frame declares",
+            out.len()
+        ))),
+        None if out.len() as u64 > limit => Err(over(format!("expands to more than {limit} bytes"))),
+        _ => Ok(out),
+    }
+}
+
 /// Writes `trace` to `path` with the default options.
 pub fn save(trace: &Trace, path: &Path) -> Result<(), TraceError> {
     save_with(trace, path, WriteOptions::default())
 }
 
-/// Writes `trace` to `path` atomically (temporary file, then rename), so an interrupted
-/// write never leaves a half file under the final name.
+/// Writes `trace` to `path` through [`crate::output`]: atomically for a regular file
+/// (temporary file, then rename), in place for a device or FIFO, through symlinks.
 pub fn save_with(trace: &Trace, path: &Path, opts: WriteOptions) -> Result<(), TraceError> {
     let data = encode(trace, opts)?;
-    let tmp = path.with_extension("mctrace.tmp");
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&data)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        TraceError::io(path, e)
-    })
+    crate::output::write_bytes(path, &data)
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use crate::error::TraceError;
 /// Encoding: small ints are `i << 3` (|i| < 2^60); strings and bytes are
 /// `offset << 3 | len << 39` (offset < 2^36, len < 2^25) into the input; containers and
 /// out-of-line scalars are table indices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Handle(u64);
 
 const TAG_INT: u64 = 0;
@@ -393,8 +393,14 @@ impl<'a> Parser<'a> {
     fn memo_put(&mut self, key: usize, at: usize) -> Result<(), TraceError> {
         let v = self.top(at)?;
         if key >= self.memo.len() {
-            if key > self.memo.len() + (1 << 24) {
-                return Err(self.err(at, format!("memo key {key} is implausibly sparse")));
+            // Picklers number memo keys 0, 1, 2, ... and each store takes at least one
+            // byte, so a key beyond the bytes read so far is not from a pickler (and
+            // would make a small file ask for a huge memo table).
+            if key > self.pos {
+                return Err(self.err(
+                    at,
+                    format!("memo key {key}: more keys than the bytes before it can store"),
+                ));
             }
             self.memo.resize(key + 1, UNSET);
         }

@@ -151,16 +151,37 @@ pub fn from_pickle(p: &Pickle<'_>, opts: &SnapshotOptions) -> Result<Trace, Trac
     let segments = p
         .elements(segments)
         .ok_or_else(|| snap_err("`segments` is not a list"))?;
+    // Each segment, blocks list and block is its own object in a real snapshot. A pickle
+    // may refer to one object many times (memo references, two bytes each): listing one
+    // segment 30,000 times would make a 100 KB file describe millions of blocks. Every
+    // object is visited once, so the work is bounded by the objects the file holds.
+    let mut seen: HashSet<Handle> = HashSet::new();
+    let mut once = |h: Handle, what: &dyn Fn() -> String| {
+        // Only containers are objects; equal small values (ints, None) are not shared.
+        let object = p.pairs(h).is_some() || p.elements(h).is_some();
+        if !object || seen.insert(h) {
+            Ok(())
+        } else {
+            Err(snap_err(format!(
+                "{} is the same object as one listed before it (a pickle memo reference): a snapshot lists each segment and block once",
+                what()
+            )))
+        }
+    };
     for (si, seg) in segments.enumerate() {
+        once(seg, &|| format!("segments[{si}]"))?;
         let int = |h: Handle, k: &str| p.get(h, k).and_then(|v| p.as_int(v));
         if int(seg, "device").unwrap_or(0) != opts.device as i64 {
             continue;
         }
         let stream = int(seg, "stream").unwrap_or(0);
-        let Some(blocks) = p.get(seg, "blocks").and_then(|v| p.elements(v)) else {
+        let Some(blocks_h) = p.get(seg, "blocks").filter(|&v| p.elements(v).is_some()) else {
             return Err(snap_err(format!("segments[{si}] has no `blocks` list")));
         };
+        once(blocks_h, &|| format!("segments[{si}].blocks"))?;
+        let blocks = p.elements(blocks_h).expect("checked to be a list");
         for (bi, blk) in blocks.enumerate() {
+            once(blk, &|| format!("segments[{si}].blocks[{bi}]"))?;
             let state = p.get(blk, "state").and_then(|v| p.as_str(v)).unwrap_or("");
             if !state.starts_with("active") {
                 continue;

@@ -414,6 +414,17 @@ fn budget_parses_fractions_percentages_and_bytes() {
     assert!("0".parse::<Budget>().is_err());
     assert!("-1%".parse::<Budget>().is_err());
     assert!("abc".parse::<Budget>().is_err());
+    // One meaning: a number with a point is a share, at most 1 (never 2 bytes).
+    assert_eq!("1.0".parse::<Budget>().unwrap(), Budget::Fraction(1.0));
+    assert!("1.5"
+        .parse::<Budget>()
+        .unwrap_err()
+        .contains("at most 100%"));
+    assert!("150%".parse::<Budget>().is_err());
+    assert_eq!("1.5G".parse::<Budget>().unwrap(), Budget::Bytes(3 << 29));
+    // Beyond 2^64 bytes is refused, not saturated.
+    assert!("1e30".parse::<Budget>().unwrap_err().contains("2^64"));
+    assert!("17000P".parse::<Budget>().unwrap_err().contains("2^64"));
 }
 
 #[test]

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::module::Module;
-use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::{Tensor, TensorData};
 
 use crate::config::ArtifactConfig;
@@ -52,6 +52,22 @@ pub fn train_with(
     }
 }
 
+/// Checks that `kind` can train here (the `cuda` feature, a driver and a device), before
+/// any long work.
+pub fn check_backend(kind: BackendKind) -> Result<()> {
+    match kind {
+        BackendKind::Ndarray => Ok(()),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => cuda_available(),
+        #[cfg(not(feature = "cuda"))]
+        BackendKind::Cuda => Err(PredictorError::Config(
+            "--backend cuda: this memcast was built without the `cuda` feature \
+             (rebuild with `cargo build --release --features cuda`)"
+                .into(),
+        )),
+    }
+}
+
 #[cfg(feature = "cuda")]
 fn train_cuda(
     series: &[Series],
@@ -65,10 +81,9 @@ fn train_cuda(
 
 #[cfg(not(feature = "cuda"))]
 fn train_cuda(_: &[Series], _: &ArtifactConfig, _: &mut dyn Progress) -> Result<TrainOutcome> {
+    check_backend(BackendKind::Cuda)?;
     Err(PredictorError::Config(
-        "--backend cuda: this memcast was built without the `cuda` feature \
-         (rebuild with `cargo build --release --features cuda`)"
-            .into(),
+        "no CUDA backend in this build".into(),
     ))
 }
 
@@ -145,17 +160,15 @@ pub fn burn_forward(weights: &Weights, x: &[f32], b: usize, w: usize) -> Result<
         .map_err(|e| PredictorError::Train(format!("{e:?}")))
 }
 
-/// Writes the weights in burn's record format (`NamedMpkFileRecorder`, full precision).
-/// burn appends `.mpk` when `path` has no extension.
+/// Writes the weights in burn's record format (`NamedMpkBytesRecorder`, full precision:
+/// the bytes of burn's `.mpk` files) to exactly `path`, through `memcast_trace::output`.
 pub fn save_burn_record(weights: &Weights, path: &Path) -> Result<()> {
     let device = Default::default();
     let model: LstmForecaster<NdArray<f32>> = LstmForecaster::from_weights(weights, &device);
-    model
-        .save_file(
-            path.to_path_buf(),
-            &NamedMpkFileRecorder::<FullPrecisionSettings>::new(),
-        )
-        .map_err(|e| PredictorError::Train(format!("{}: {e}", path.display())))
+    let bytes = NamedMpkBytesRecorder::<FullPrecisionSettings>::new()
+        .record(model.into_record(), ())
+        .map_err(|e| PredictorError::Train(format!("{}: {e}", path.display())))?;
+    Ok(memcast_trace::output::write_bytes(path, &bytes)?)
 }
 
 /// Reads a burn record written by [`save_burn_record`] into weights with `config`.
@@ -165,16 +178,13 @@ pub fn load_burn_record(
     template: &Weights,
 ) -> Result<Weights> {
     let device = Default::default();
+    let bytes = std::fs::read(path).map_err(crate::error::io(path))?;
     let model: LstmForecaster<NdArray<f32>> = LstmForecaster::from_weights(template, &device);
-    let model = model
-        .load_file(
-            path.to_path_buf(),
-            &NamedMpkFileRecorder::<FullPrecisionSettings>::new(),
-            &device,
-        )
+    let record = NamedMpkBytesRecorder::<FullPrecisionSettings>::new()
+        .load(bytes, &device)
         .map_err(|e| PredictorError::Weights {
             path: path.into(),
             what: e.to_string(),
         })?;
-    model.to_weights(config, &template.norm)
+    model.load_record(record).to_weights(config, &template.norm)
 }

@@ -39,6 +39,11 @@ pub struct TrainOutcome {
     pub train_windows: usize,
     pub seconds: f64,
     pub stopped_early: bool,
+    /// Which loss chose the best epoch and early stopping: `validation` or `training`
+    /// (without validation traces).
+    pub selected_on: &'static str,
+    /// What the caller should show the user: traces not used, no validation.
+    pub warnings: Vec<String>,
 }
 
 /// Progress callbacks (the CLI draws a bar; tests pass [`NoProgress`]).
@@ -99,14 +104,55 @@ pub fn train<B: AutodiffBackend>(
             s.name, s.horizon, config.model.horizon
         )));
     }
-    let (ti, vi) = split_by_trace(nonempty.len(), tc.val_fraction, tc.seed);
-    let prep = |i: &usize| {
-        let mut s = nonempty[*i].clone();
-        s.mask_no_reference = !config.model.correct_without_reference;
-        s
-    };
-    let train_s: Vec<Series> = ti.iter().map(prep).collect();
-    let val_s: Vec<Series> = vi.iter().map(prep).collect();
+    let mut warnings = Vec::new();
+    let skipped: Vec<&str> = series
+        .iter()
+        .filter(|s| s.is_empty())
+        .map(|s| s.name.as_str())
+        .collect();
+    if !skipped.is_empty() {
+        warnings.push(format!(
+            "{} of {} traces have no step (no allocation) and are not used: {}",
+            skipped.len(),
+            series.len(),
+            skipped.join(", ")
+        ));
+    }
+    let prepped: Vec<Series> = nonempty
+        .iter()
+        .map(|s| {
+            let mut s = (*s).clone();
+            s.mask_no_reference = !config.model.correct_without_reference;
+            s
+        })
+        .collect();
+    // Only traces with scored targets can validate: a static trace repeats its previous
+    // iteration exactly, so the model is never asked anything on it (the base forecast
+    // is used as is) and it would validate nothing. Such traces train (their inputs
+    // still shape the state) but are never held out.
+    let (scorable, unscored): (Vec<usize>, Vec<usize>) =
+        (0..prepped.len()).partition(|&i| scored_targets(&prepped[i]) > 0);
+    let total_scored: usize = scorable.iter().map(|&i| scored_targets(&prepped[i])).sum();
+    if total_scored == 0 {
+        return Err(PredictorError::Empty(format!(
+            "nothing to learn: in {} traces ({} steps) no step has a target (every step              repeats its previous iteration exactly or has no previous iteration);              train on traces with at least two iterations that differ",
+            prepped.len(),
+            prepped.iter().map(Series::len).sum::<usize>()
+        )));
+    }
+    let (si, vi) = split_by_trace(scorable.len(), tc.val_fraction, tc.seed);
+    let mut ti: Vec<usize> = si.iter().map(|&k| scorable[k]).chain(unscored).collect();
+    ti.sort_unstable();
+    let vi: Vec<usize> = vi.iter().map(|&k| scorable[k]).collect();
+    let train_s: Vec<Series> = ti.iter().map(|&i| prepped[i].clone()).collect();
+    let val_s: Vec<Series> = vi.iter().map(|&i| prepped[i].clone()).collect();
+    if val_s.is_empty() {
+        warnings.push(format!(
+            "no validation: {} of {} traces have targets to score (validation needs at least 2 and --val-fraction > 0); early stopping and the best epoch use the training loss",
+            scorable.len(),
+            prepped.len()
+        ));
+    }
     let norm = NormStats::compute(&train_s, config.model.features, config.model.channels)?;
     let start = Instant::now();
     let mut model: LstmForecaster<B> =
@@ -126,6 +172,12 @@ pub fn train<B: AutodiffBackend>(
         tc.max_windows_per_trace
     };
     let per_epoch: usize = by_series.iter().map(|v| v.len().min(cap)).sum();
+    if per_epoch < tc.batch {
+        warnings.push(format!(
+            "little data: {per_epoch} training windows of {} steps per epoch, fewer than one batch of {} ({} scored targets in all)",
+            tc.window, tc.batch, total_scored
+        ));
+    }
     let val_wins = windows(
         &val_s,
         tc.window,
@@ -161,7 +213,7 @@ pub fn train<B: AutodiffBackend>(
             model = optim.step(tc.learning_rate, model, grads);
             if !l.is_finite() {
                 return Err(PredictorError::Train(format!(
-                    "loss became {l} in epoch {epoch}"
+                    "the training loss became {l} in epoch {epoch}: training diverged (try a smaller --lr)"
                 )));
             }
             sum += l;
@@ -185,6 +237,11 @@ pub fn train<B: AutodiffBackend>(
                 f64::NAN
             }
         };
+        if !val_batches.is_empty() && !val_loss.is_finite() {
+            return Err(PredictorError::Train(format!(
+                "the validation loss became {val_loss} in epoch {epoch}: training diverged (try a smaller --lr)"
+            )));
+        }
         let report = EpochReport {
             epoch,
             train_loss: sum / n.max(1) as f64,
@@ -221,5 +278,22 @@ pub fn train<B: AutodiffBackend>(
         train_windows: all_wins.len(),
         seconds: start.elapsed().as_secs_f64(),
         stopped_early,
+        selected_on: if val_batches.is_empty() {
+            "training"
+        } else {
+            "validation"
+        },
+        warnings,
     })
+}
+
+/// Targets the model is scored on in `s` (step and horizon pairs with a residual).
+fn scored_targets(s: &Series) -> usize {
+    (0..s.len())
+        .map(|t| {
+            (1..=s.horizon)
+                .filter(|&h| s.residual(t, h).is_some())
+                .count()
+        })
+        .sum()
 }

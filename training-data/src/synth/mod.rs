@@ -32,6 +32,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::TraceError;
+use crate::limits::MAX_SYNTH_EVENTS;
 use crate::model::{Trace, TraceMeta};
 
 pub use cost::CostModel;
@@ -272,6 +273,23 @@ impl SynthConfig {
         if self.mode == Mode::Generate && self.family != Family::Transformer {
             return bad("generation needs the transformer family".into());
         }
+        if let Some(d) = &self.dynamic {
+            let applies = match d.param {
+                DynParam::Batch => true,
+                DynParam::Seq => matches!(self.family, Family::Transformer | Family::Bert),
+                DynParam::Image => matches!(self.family, Family::Cnn | Family::MobileNet),
+            };
+            if !applies {
+                return bad(format!(
+                    "a dynamic {:?} does not apply to the {:?} family (seq: transformer, bert; image: cnn, mobilenet; batch: all)",
+                    d.param, self.family
+                )
+                .to_lowercase());
+            }
+            if self.mode == Mode::Generate {
+                return bad("a dynamic shape does not apply to generation, which draws each request's batch, prompt and new tokens (--gen-batches, --gen-prompts, --gen-new-tokens)".into());
+            }
+        }
         if matches!(self.family, Family::Transformer | Family::Bert) {
             let mut need = self.seq;
             if let Some(d) = self.dynamic.as_ref().filter(|d| d.param == DynParam::Seq) {
@@ -372,14 +390,17 @@ pub fn generate(cfg: &SynthConfig) -> Result<Trace, TraceError> {
         seq: cfg.seq,
         image: cfg.image,
     };
+    let mut size = SizeCheck::default();
     if cfg.mode == Mode::Generate {
         let reqs = cfg.generation.draw(cfg.iterations, &mut rng)?;
-        for r in reqs {
+        for (i, r) in reqs.into_iter().enumerate() {
             generation::request(&mut ex, cfg.gpt(), cfg.autocast(), r)?;
+            size.check(&ex.p, i + 1, cfg.iterations)?;
         }
     } else {
         let shapes = schedule::shapes(base, cfg.dynamic.as_ref(), cfg.iterations, &mut rng)?;
         let mut graphs: HashMap<IterShape, Graph> = HashMap::new();
+        let mut done = 0;
         for s in shapes {
             let g = match graphs.entry(s) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -390,6 +411,8 @@ pub fn generate(cfg: &SynthConfig) -> Result<Trace, TraceError> {
             } else {
                 ex.infer_iteration(g)?;
             }
+            done += 1;
+            size.check(&ex.p, done, cfg.iterations)?;
         }
     }
     ex.p.boundary();
@@ -403,6 +426,34 @@ pub fn generate(cfg: &SynthConfig) -> Result<Trace, TraceError> {
     let trace = liveness::emit(&ex.p, &live, &times, meta);
     trace.validate()?;
     Ok(trace)
+}
+
+/// The events a program will emit, counted as it grows, against [`MAX_SYNTH_EVENTS`].
+#[derive(Default)]
+struct SizeCheck {
+    steps: usize,
+    events: u64,
+}
+
+impl SizeCheck {
+    fn check(&mut self, p: &program::Program, done: usize, of: usize) -> Result<(), TraceError> {
+        for st in &p.steps[self.steps..] {
+            // An alloc and its free, every access, the boundaries.
+            self.events += (2 * st.allocs.len() + st.reads.len() + st.writes.len()) as u64
+                + u64::from(st.boundary);
+        }
+        self.steps = p.steps.len();
+        if self.events > MAX_SYNTH_EVENTS {
+            let per = self.events / done as u64;
+            return Err(TraceError::Limit {
+                what: format!(
+                    "the synthetic trace passes {MAX_SYNTH_EVENTS} events after {done} of {of} iterations (about {per} each; limit MAX_SYNTH_EVENTS): ask for at most {} iterations",
+                    (MAX_SYNTH_EVENTS / per.max(1)).max(1)
+                ),
+            });
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

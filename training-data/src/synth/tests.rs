@@ -400,15 +400,18 @@ mod properties {
             },
             iterations,
             seed,
-            dynamic: dynamic.map(|values| Dynamic {
-                param: if family == Family::Cnn {
-                    DynParam::Image
-                } else {
-                    DynParam::Seq
-                },
-                values,
-                in_order: false,
-            }),
+            // A shape the family has (generation draws its own shapes).
+            dynamic: dynamic
+                .filter(|_| mode != Mode::Generate)
+                .map(|values| Dynamic {
+                    param: match family {
+                        Family::Cnn | Family::MobileNet => DynParam::Image,
+                        Family::Transformer | Family::Bert => DynParam::Seq,
+                        Family::Mlp => DynParam::Batch,
+                    },
+                    values,
+                    in_order: false,
+                }),
             generation: GenSpec {
                 batches: vec![1, 2],
                 prompts: vec![3, 5],
