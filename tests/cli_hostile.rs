@@ -281,6 +281,10 @@ fn empty_damaged_and_inconsistent_files_are_named_errors_everywhere() {
 #[test]
 fn a_closed_stdout_is_a_quiet_exit_for_every_command_that_prints() {
     let t = bundled("resnet50_b64_train");
+    let corpus = repo()
+        .join("training-data/corpus/manifest.tsv")
+        .display()
+        .to_string();
     let dynamic = bundled("bert_dynseq_b16_train");
     let d = scratch("pipe");
     let p = |n: &str| d.path().join(n).display().to_string();
@@ -304,6 +308,8 @@ fn a_closed_stdout_is_a_quiet_exit_for_every_command_that_prints() {
         vec!["replay", &t, "--budget", "60%"],
         vec!["eval", "--trace", &t],
         vec!["eval", "--trace", &t, "--json"],
+        vec!["corpus", &corpus, "--split", "validation"],
+        vec!["corpus", &corpus, "--split", "validation", "--json"],
         vec!["predict", "--trace", &t],
         vec!["trace", "stats", &t],
         vec!["trace", "stats", &t, "--json"],

@@ -162,10 +162,13 @@ fn bad_input_is_a_clear_error_not_a_panic() {
 
 #[test]
 fn demo_runs_on_bundled_data() {
-    let out = ok(&["demo"]);
+    // Plots into a scratch folder: the test writes nothing into the checkout.
+    let plots = tmp("demo-plots");
+    let out = ok(&["demo", "--out", plots.to_str().unwrap()]);
     for name in ["resnet50_b64_train", "gpt2_generate_dynamic"] {
         assert!(out.contains(name), "{out}");
     }
+    assert!(std::fs::read_dir(&plots).unwrap().count() >= 8);
 }
 
 #[test]

@@ -52,8 +52,11 @@ pub fn run(args: CorpusArgs) -> Result<()> {
         .parse()
         .map_err(|e: String| anyhow::anyhow!("--split: {e}"))?;
     let budget = match args.budget.parse::<Budget>() {
-        Ok(Budget::Fraction(f)) if f > 0.0 && f <= 1.0 => f,
-        Ok(_) => anyhow::bail!("--budget {}: a share of the peak in (0, 100%]", args.budget),
+        Ok(Budget::Fraction(f)) => f,
+        Ok(Budget::Bytes(_)) => anyhow::bail!(
+            "--budget {}: the corpus holds traces of different sizes, so it takes a share of each trace's peak (60% or 0.6), not bytes",
+            args.budget
+        ),
         Err(e) => anyhow::bail!("--budget: {e}"),
     };
     let static_order: StaticOrder =
@@ -135,13 +138,13 @@ pub fn run(args: CorpusArgs) -> Result<()> {
             "forecast": forecast,
         });
         if args.json {
-            println!("{row}");
+            out!("{row}");
         }
         rows.push(row);
     }
     let summary = summarize(&rows);
     if args.json {
-        println!("{}", json!({ "summary": summary }));
+        out!("{}", json!({ "summary": summary }));
     } else {
         print_table(split, budget, &rows, &summary);
     }
@@ -199,15 +202,15 @@ fn pct(v: f64) -> String {
 }
 
 fn print_table(split: Split, budget: f64, rows: &[serde_json::Value], s: &serde_json::Value) {
-    println!("memcast corpus: {} traces of the {split} split", rows.len());
-    println!(
+    out!("memcast corpus: {} traces of the {split} split", rows.len());
+    out!(
         "reserved overhead = peak reserved / peak requested - 1 (PyTorch's: / peak allocated); \
          emulation = PyTorch emulation's peak reserved vs PyTorch native's; allocs = device \
          allocations; tiered = replay under a budget of {:.0}% of the peak (stall as a share of \
          compute); WAPE = forecast error on dynamic traces, LSTM vs the best non-learned forecaster",
         100.0 * budget
     );
-    println!(
+    out!(
         "{:<34} {:>4} {:>8} {:>8} {:>8} {:>8} {:>17} {:>10} {:>18}",
         "workload",
         "",
@@ -240,7 +243,7 @@ fn print_table(split: Split, budget: f64, rows: &[serde_json::Value], s: &serde_
         } else {
             "OOM".into()
         };
-        println!(
+        out!(
             "{:<34} {:>4} {:>8} {:>8} {:>8} {:>8} {:>17} {:>10} {:>18}",
             r["workload"].as_str().unwrap_or(""),
             if r["dynamic"] == true { "dyn" } else { "stat" },
@@ -260,22 +263,22 @@ fn print_table(split: Split, budget: f64, rows: &[serde_json::Value], s: &serde_
         );
     }
     let frac = |k: &str| format!("{} of {}", s[k][0], s[k][1]);
-    println!();
-    println!(
+    out!("");
+    out!(
         "memcast at or below expandable segments: {}",
         frac("memcast_at_or_below_expandable")
     );
-    println!(
+    out!(
         "static traces with memcast overhead at most 2%: {}",
         frac("static_memcast_overhead_at_most_2pct")
     );
-    println!(
+    out!(
         "PyTorch emulation within 5% of native peak reserved: {}",
         frac("emulation_within_5pct_of_native")
     );
-    println!(
+    out!(
         "dynamic traces with LSTM WAPE at most 0.8x the best non-learned forecaster: {}",
         frac("dynamic_lstm_wape_at_most_0_8x_best_baseline")
     );
-    println!("tiered replays completed: {}", frac("tiered_completed"));
+    out!("tiered replays completed: {}", frac("tiered_completed"));
 }
