@@ -165,18 +165,32 @@ fn memory_freed_while_its_event_is_pending_is_not_reused() {
         for y in got.drain(..) {
             a.deallocate(y, 0).unwrap();
         }
-        // The event completes: the next allocation on stream 0 takes the memory back.
+        // The event completes: `x`'s memory is free again. Allocations of the same size
+        // on stream 0 reach it before the allocator needs any new device memory (where
+        // placement puts the first of them is its own choice).
         {
             let mut st = state.lock().unwrap();
             st.pending.clear();
             st.holding = false;
         }
-        let z = a.allocate(bytes, 0).unwrap();
-        assert_eq!(
-            z.ptr, x.ptr,
-            "{bytes} B: freed memory not reused once its event completed"
+        let reserved = a.stats().reserved.current;
+        let mut again = Vec::new();
+        let reused = loop {
+            let z = a.allocate(bytes, 0).unwrap();
+            let hit = overlaps(&z, &x);
+            again.push(z);
+            if hit || a.stats().reserved.current > reserved {
+                break hit;
+            }
+        };
+        assert!(
+            reused && a.stats().reserved.current == reserved,
+            "{bytes} B: freed memory not reused once its event completed ({} allocations)",
+            again.len()
         );
-        a.deallocate(z, 0).unwrap();
+        for z in again {
+            a.deallocate(z, 0).unwrap();
+        }
         a.empty_cache().unwrap();
         a.check_invariants().unwrap();
         assert_eq!(a.stats().reserved.current, 0);
