@@ -69,6 +69,19 @@ fn settings_that_cannot_apply_are_errors() {
         &["replay", &t, "--no-prefetch"],
         &["--no-prefetch", "--budget"],
     );
+    // The environment's allocator settings cannot apply to the PyTorch emulation: the
+    // replay runs, and says so.
+    let m = measured(
+        &["replay", &t, "--policy", "pytorch"],
+        &[("MEMCAST_ALLOC_CONF", "min_block:512")],
+        false,
+    );
+    assert_eq!(m.code, Some(0), "{}", m.stderr);
+    assert!(
+        m.stderr.contains("MEMCAST_ALLOC_CONF is ignored"),
+        "{}",
+        m.stderr
+    );
     let g = |extra: &[&str]| {
         let d = scratch("gen-apply");
         let o = d.path().join("g.mctrace").display().to_string();
@@ -96,6 +109,12 @@ fn settings_that_cannot_apply_are_errors() {
     g(&["--family", "cnn", "--seq", "128"]).clean_failure("--seq on cnn", &["--seq applies"]);
     g(&["--family", "mlp", "--gen-batches", "1"])
         .clean_failure("--gen-batches", &["--mode generate"]);
+    g(&["--family", "mobilenet", "--depth", "4"])
+        .clean_failure("--depth on mobilenet", &["--depth applies"]);
+    for opt in ["--batch", "--seq"] {
+        g(&["--family", "transformer", "--mode", "generate", opt, "8"])
+            .clean_failure(opt, &[opt, "does not apply to --mode generate"]);
+    }
     fails_with(
         &["trace", "import", &t, "-o", "x.mctrace", "--zstd", "100"],
         &["0..=22"],

@@ -135,9 +135,11 @@ fn training_is_deterministic_and_records_round_trip() {
 fn training_learns_to_rescale() {
     // Iterations change scale at random: on a held-out trace of the same family the
     // trained model's WAPE is at least 10% below its untrained self's (which forecasts
-    // the base forecast: its corrections start near zero) and at least 20% below the
-    // best baseline's. Training is deterministic (seeded): measured 0.363 against
-    // 0.423 untrained and 0.500 for last value.
+    // the base forecast: its corrections start near zero), at least 10% below the best
+    // non-learned forecaster's (seasonal rescaled, the base itself, counted) and at least
+    // 20% below the best of last value, moving average and seasonal naive. Training is
+    // deterministic (seeded): measured 0.363 against 0.423 untrained, 0.421 seasonal
+    // rescaled and 0.500 for last value.
     let mut c = small_config();
     c.train.epochs = 120;
     c.train.patience = 1000;
@@ -170,8 +172,16 @@ fn training_learns_to_rescale() {
         "trained {trained} vs untrained {before}"
     );
     assert!(
-        trained < 0.8 * best,
+        trained < 0.9 * best,
         "trained {trained} vs {baseline} {best}"
+    );
+    let classic = ["last_value", "moving_average", "seasonal_naive"]
+        .iter()
+        .map(|k| r.models[*k].wape)
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        trained < 0.8 * classic,
+        "trained {trained} vs the classic baselines' best {classic}"
     );
 }
 

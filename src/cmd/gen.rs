@@ -214,7 +214,8 @@ fn check_applies(a: &GenArgs) -> Result<()> {
         ok.iter()
             .any(|f| std::mem::discriminant(f) == std::mem::discriminant(&fam))
     };
-    let given: [(&str, bool, &[FamilyArg]); 7] = [
+    let given: [(&str, bool, &[FamilyArg]); 8] = [
+        ("--depth", a.depth.is_some(), &[Mlp, Cnn, Transformer, Bert]),
         ("--seq", a.seq.is_some(), &[Transformer, Bert]),
         ("--image", a.image.is_some(), &[Cnn, Mobilenet]),
         ("--heads", a.heads.is_some(), &[Transformer, Bert]),
@@ -233,6 +234,12 @@ fn check_applies(a: &GenArgs) -> Result<()> {
         }
     }
     let generate = matches!(a.mode, ModeArg::Generate);
+    // Generation draws each request's batch and prompt (--gen-batches, --gen-prompts).
+    for (name, set) in [("--batch", a.batch.is_some()), ("--seq", a.seq.is_some())] {
+        if set && generate {
+            bail!("{name} does not apply to --mode generate, which draws each request's batch and prompt (--gen-batches, --gen-prompts)");
+        }
+    }
     for (name, set) in [
         ("--gen-batches", !a.gen_batches.is_empty()),
         ("--gen-prompts", !a.gen_prompts.is_empty()),

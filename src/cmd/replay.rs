@@ -211,6 +211,17 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
             ps[0].name()
         );
     }
+    // The environment variable may be set for the whole job: a warning, not an error.
+    if std::env::var_os("MEMCAST_ALLOC_CONF").is_some()
+        && ps
+            .iter()
+            .all(|p| matches!(p, PolicyArg::Pytorch | PolicyArg::Naive))
+    {
+        eprintln!(
+            "warning: MEMCAST_ALLOC_CONF is ignored: --policy {} does not use memcast's allocator",
+            ps[0].name()
+        );
+    }
     Ok(())
 }
 
