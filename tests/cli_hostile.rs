@@ -14,6 +14,17 @@ mod common;
 use common::*;
 use memcast_trace::{Event, EventKind};
 
+/// Peak RSS an input refused by a limit may reach (see the module docs).
+const REFUSED_RSS_MIB: u64 = 64;
+
+/// Runs `memcast args`: a clean failure whose message holds every one of `needles`,
+/// within [`REFUSED_RSS_MIB`].
+fn refused(args: &[&str], what: &str, needles: &[&str]) {
+    measured(args, &[], false)
+        .clean_failure(what, needles)
+        .rss_below(what, REFUSED_RSS_MIB);
+}
+
 fn write(dir: &std::path::Path, name: &str, bytes: &[u8]) -> String {
     let p = dir.join(name);
     std::fs::write(&p, bytes).unwrap();
@@ -78,12 +89,11 @@ fn a_snapshot_listing_one_segment_many_times_is_refused_quickly() {
     o.extend_from_slice(b"eu.");
     let d = scratch("shared-segment");
     let f = write(d.path(), "shared.pickle", &o);
-    measured(&["trace", "stats", &f], &[], false)
-        .clean_failure(
-            "shared segment",
-            &["shared.pickle", "segments[1]", "same object"],
-        )
-        .rss_below("shared segment", 64);
+    refused(
+        &["trace", "stats", &f],
+        "shared segment",
+        &["shared.pickle", "segments[1]", "same object"],
+    );
     // The same blocks listed once each are fine: 1,000 static blocks.
     let mut o = vec![0x80, 4, b'}', b'('];
     pstr(&mut o, "device_traces");
@@ -124,9 +134,11 @@ fn a_shared_block_is_refused_too() {
     o.extend_from_slice(b"eu.");
     let d = scratch("shared-block");
     let f = write(d.path(), "b.pickle", &o);
-    measured(&["trace", "stats", &f], &[], false)
-        .clean_failure("shared block", &["segments[0].blocks[1]", "same object"])
-        .rss_below("shared block", 64);
+    refused(
+        &["trace", "stats", &f],
+        "shared block",
+        &["segments[0].blocks[1]", "same object"],
+    );
 }
 
 #[test]
@@ -140,9 +152,11 @@ fn sparse_memo_keys_cannot_ask_for_a_huge_memo_table() {
     o.extend_from_slice(b"e.");
     let d = scratch("memo");
     let f = write(d.path(), "memo.pickle", &o);
-    measured(&["trace", "stats", &f], &[], false)
-        .clean_failure("sparse memo", &["memo key 16777215", "byte offset 6"])
-        .rss_below("sparse memo", 64);
+    refused(
+        &["trace", "stats", &f],
+        "sparse memo",
+        &["memo key 16777215", "byte offset 6"],
+    );
 }
 
 #[test]
@@ -155,24 +169,22 @@ fn a_zstd_bomb_in_a_native_trace_stops_at_the_ratio_limit() {
         "declared.mctrace",
         &native_with_zstd_body(&zstd_zeros(256, true)),
     );
-    measured(&["trace", "stats", &f], &[], false)
-        .clean_failure(
-            "declared zstd bomb",
-            &["declares 268435456 bytes", "MAX_ZSTD_RATIO"],
-        )
-        .rss_below("declared zstd bomb", 64);
+    refused(
+        &["trace", "stats", &f],
+        "declared zstd bomb",
+        &["declares 268435456 bytes", "MAX_ZSTD_RATIO"],
+    );
     // The same without a declared size: decompression stops at the limit.
     let f = write(
         d.path(),
         "undeclared.mctrace",
         &native_with_zstd_body(&zstd_zeros(256, false)),
     );
-    measured(&["replay", &f], &[], false)
-        .clean_failure(
-            "undeclared zstd bomb",
-            &["expands to more than", "MAX_ZSTD_RATIO"],
-        )
-        .rss_below("undeclared zstd bomb", 64);
+    refused(
+        &["replay", &f],
+        "undeclared zstd bomb",
+        &["expands to more than", "MAX_ZSTD_RATIO"],
+    );
 }
 
 #[test]
@@ -180,17 +192,18 @@ fn an_xz_bomb_is_named_as_xz_and_stops_early() {
     let d = scratch("xz");
     // Zeros are neither a pickle nor a trace: refused after 8 decompressed bytes.
     let f = write(d.path(), "zeros.pickle.xz", &xz_zeros(b"", 64));
-    measured(&["trace", "stats", &f], &[], false)
-        .clean_failure(
-            "xz of zeros",
-            &["zeros.pickle.xz", "xz stream holds neither"],
-        )
-        .rss_below("xz of zeros", 64);
+    refused(
+        &["trace", "stats", &f],
+        "xz of zeros",
+        &["zeros.pickle.xz", "xz stream holds neither"],
+    );
     // A pickle's first bytes, then zeros: decompression stops at the ratio limit.
     let f = write(d.path(), "padded.pickle.xz", &xz_zeros(b"\x80\x04", 64));
-    measured(&["eval", "--trace", &f], &[], false)
-        .clean_failure("padded xz", &["padded.pickle.xz", "MAX_XZ_RATIO"])
-        .rss_below("padded xz", 64);
+    refused(
+        &["eval", "--trace", &f],
+        "padded xz",
+        &["padded.pickle.xz", "MAX_XZ_RATIO"],
+    );
 }
 
 #[test]
@@ -265,9 +278,7 @@ fn empty_damaged_and_inconsistent_files_are_named_errors_everywhere() {
             vec!["eval", "--trace", file],
             vec!["predict", "--trace", file],
         ] {
-            measured(&args, &[], false)
-                .clean_failure(&format!("{args:?}"), needles)
-                .rss_below(&format!("{args:?}"), 64);
+            refused(&args, &format!("{args:?}"), needles);
         }
     }
     assert_eq!(
