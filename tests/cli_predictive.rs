@@ -100,6 +100,9 @@ fn every_forecaster_replays_and_a_budget_reports_the_tier_metrics() {
             "prefetch_misses",
             "prefetch_hit_rate",
             "link_floor_us",
+            "peak_floor_us",
+            "peak_floor_overhead",
+            "planned_spills",
         ]) {
             assert!(c[p].get(k).is_some(), "{p} under a budget: missing {k}");
         }

@@ -153,6 +153,9 @@ pub struct Actions {
     /// Under a budget (tiers): prefetch spilled tensors as early as forecast free
     /// memory allows.
     pub prefetch: bool,
+    /// Under a budget (tiers): carry out an iteration plan (which tensors leave, when,
+    /// and when they come back) built from the previous iteration's trajectory.
+    pub plan: bool,
 }
 
 impl Default for Actions {
@@ -164,12 +167,13 @@ impl Default for Actions {
             release: false,
             spill: true,
             prefetch: true,
+            plan: false,
         }
     }
 }
 
 impl Actions {
-    pub const NAMES: [&'static str; 4] = ["grow", "release", "spill", "prefetch"];
+    pub const NAMES: [&'static str; 5] = ["grow", "release", "spill", "prefetch", "plan"];
 
     pub fn none() -> Self {
         Actions {
@@ -177,6 +181,7 @@ impl Actions {
             release: false,
             spill: false,
             prefetch: false,
+            plan: false,
         }
     }
     pub fn all() -> Self {
@@ -185,6 +190,7 @@ impl Actions {
             release: true,
             spill: true,
             prefetch: true,
+            plan: true,
         }
     }
     /// `grow+release`, `all`, `none`.
@@ -198,9 +204,10 @@ impl Actions {
                 "release" => a.release = true,
                 "spill" => a.spill = true,
                 "prefetch" => a.prefetch = true,
+                "plan" => a.plan = true,
                 _ => {
                     return Err(AllocError::Config(format!(
-                        "predictive_actions: unknown action {w:?} (grow, release, spill, prefetch, all, none)"
+                        "predictive_actions: unknown action {w:?} (grow, release, spill, prefetch, plan, all, none)"
                     )))
                 }
             }
@@ -209,7 +216,13 @@ impl Actions {
     }
     /// The `+`-joined names of the actions on (`none` if none).
     pub fn label(&self) -> String {
-        let on = [self.grow, self.release, self.spill, self.prefetch];
+        let on = [
+            self.grow,
+            self.release,
+            self.spill,
+            self.prefetch,
+            self.plan,
+        ];
         let v: Vec<&str> = Self::NAMES
             .iter()
             .zip(on)

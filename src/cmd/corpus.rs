@@ -133,7 +133,7 @@ pub fn run(args: CorpusArgs) -> Result<()> {
             "pytorch_expandable": expandable.as_ref().map(|f| json!({"reserved_overhead": f.reserved_overhead(),
                                   "peak_reserved_bytes": f.peak_reserved, "device_allocs": f.num_device_alloc})),
             "tiered": {"budget_fraction": budget, "completed": tier.completed, "ooms": tier.ooms,
-                       "stall_overhead": tier.stall_overhead, "link_floor_overhead": tier.link_floor_overhead,
+                       "stall_overhead": tier.stall_overhead, "link_floor_overhead": tier.link_floor_overhead, "peak_floor_overhead": tier.peak_floor_overhead,
                        "spilled_bytes": tier.spilled_bytes, "prefetch_hit_rate": tier.prefetch_hit_rate},
             "forecast": forecast,
         });

@@ -136,7 +136,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         };
         let budgeted = |r: &TierReport| {
             json!({"completed": r.completed, "ooms": r.ooms, "stall_overhead": r.stall_overhead,
-                   "link_floor_overhead": r.link_floor_overhead, "spilled_bytes": r.spilled_bytes,
+                   "link_floor_overhead": r.link_floor_overhead, "peak_floor_overhead": r.peak_floor_overhead, "spilled_bytes": r.spilled_bytes,
                    "prefetch_hit_rate": r.prefetch_hit_rate})
         };
         rows.push(json!({
@@ -403,8 +403,9 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
         "\n5. Tiered replay with a device budget of {:.0}% of each trace's peak: spill and prefetch, reactive vs predictive",
         budget * 100.0
     );
-    out!("   stall/comp = time waiting for memory / compute time; floor = the link-bound floor (the bytes above the");
-    out!("   budget out and back once per iteration at the pinned duplex bandwidth); pf. hits = prefetch hit rate;");
+    out!("   stall/comp = time waiting for memory / compute time; floor = the peak floor (the least stall of any policy");
+    out!("   that moves tensors: the bytes above the budget at each iteration's peak out after their last use and back");
+    out!("   before their next, at the link's peak bandwidth); pf. hits = prefetch hit rate;");
     out!("   completed = whether the replay ran to the end without running out of memory (reactive/predictive); pred. = predictive");
     out!(
         "{:<30} {:>9} {:>10} {:>10} {:>8} {:>11} {:>9} {:>9}",
@@ -425,7 +426,7 @@ fn print_tables(rows: &[serde_json::Value], budget: f64) {
             format!("{}/{}", a["completed"], p["completed"]),
             pct(&a["stall_overhead"]),
             pct(&p["stall_overhead"]),
-            pct(&a["link_floor_overhead"]),
+            pct(&a["peak_floor_overhead"]),
             human_bytes(a["spilled_bytes"].as_u64().unwrap_or(0)),
             pct(&a["prefetch_hit_rate"]),
             pct(&p["prefetch_hit_rate"]),

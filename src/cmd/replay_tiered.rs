@@ -103,8 +103,13 @@ fn print_table(r: &TierReport) {
             r.link_floor_us / 1e3,
             r.link_floor_overhead
         );
+        out!(
+            "peak floor         {:.1} ms, overhead {:.3} (per iteration, the bytes above the budget at its peak off the device after their last use and back before their next, at the link's peak bandwidth: no policy that moves tensors stalls less)",
+            r.peak_floor_us / 1e3,
+            r.peak_floor_overhead
+        );
     } else {
-        out!("time               not modelled on this device (compute, stall and the link-bound floor are the simulated device's: --device sim)");
+        out!("time               not modelled on this device (compute, stall and the floors are the simulated device's: --device sim)");
     }
     out!(
         "spilled            {} in {} spills ({} batches ahead of a forecast peak, {} on the OOM path, {} cancelled)",
@@ -114,6 +119,14 @@ fn print_table(r: &TierReport) {
         r.sync_spills,
         r.cancelled_spills
     );
+    if r.planned_moves > 0 {
+        out!(
+            "iteration plans    {} moves planned, {} spills and {} prefetches issued by the plan",
+            r.planned_moves,
+            r.planned_spills,
+            r.planned_prefetches
+        );
+    }
     out!(
         "prefetched         {} in {} prefetches ({} never used)",
         human_bytes(r.prefetched_bytes),

@@ -19,6 +19,7 @@ use crate::pool::{Allocation, Allocator};
 
 use super::handle::{Entry, Place, Registry, TensorHandle, TensorKey, MAX_K};
 use super::prefetch::{PrefetchPolicy, PrefetchView, PreviousIterationOrder, Residency};
+use super::schedule::OpUse;
 use super::spill::{LinkCost, LruK, MigrationCost, SpillPolicy};
 use super::staging::{HostLoc, StagingPool};
 use super::transfer::{Completion, Direction, Done, Pipeline};
@@ -71,6 +72,9 @@ pub struct TierStats {
     pub host_bytes: u64,
     pub peak_host_bytes: u64,
     pub accesses: u64,
+    /// Of `transfer_stall_us`, the part spent in accesses (faults and late
+    /// prefetches); the rest was spent making room for allocations.
+    pub access_stall_us: f64,
 }
 
 impl TierStats {
@@ -110,6 +114,8 @@ pub struct TierManager<B: DeviceBackend> {
     pub(crate) plan: Vec<TensorHandle>,
     /// Predictive tiers' demand forecast (`None`: reactive).
     pub(crate) demand: Option<Box<super::predictive::Demand>>,
+    /// Planned tiers' iteration plan (`None`: no plan).
+    pub(crate) planner: Option<Box<super::planned::Planner>>,
     /// Bytes of every registered tensor, wherever it is.
     // Invariant: == sum of the registry's bytes.
     pub(crate) logical: u64,
@@ -160,6 +166,7 @@ impl<B: DeviceBackend> TierManager<B> {
             done: Vec::new(),
             plan: Vec::new(),
             demand: None,
+            planner: None,
             logical: 0,
         })
     }
@@ -227,6 +234,7 @@ impl<B: DeviceBackend> TierManager<B> {
         };
         self.reg.get_mut(h)?.key = key;
         self.prefetch.on_alloc(key, bytes);
+        self.plan_op(h, key, bytes, OpUse::Alloc)?;
         self.demand_alloc(bytes)?;
         self.run_prefetcher()?;
         self.debug_check();
@@ -238,9 +246,12 @@ impl<B: DeviceBackend> TierManager<B> {
     /// prefetch in flight is waited for; a spill in flight is cancelled.
     pub fn access(&mut self, h: TensorHandle, _write: bool) -> Result<DevicePtr, TierError> {
         self.poll()?;
+        let stall0 = self.stats.transfer_stall_us;
         let step = self.step;
         let e = self.reg.get_mut(h)?;
-        // Pin first: nothing below may choose it as a victim.
+        // Pin first: nothing below may choose it as a victim. A failed access unpins
+        // it again (the tensor stays where it was, unused by this step).
+        let unpinned = e.step;
         e.step = step;
         let place = e.place;
         let ptr = match place {
@@ -275,23 +286,45 @@ impl<B: DeviceBackend> TierManager<B> {
                 alloc, transfer, ..
             } => {
                 self.stats.prefetch_late += 1;
-                self.wait_for(transfer)?;
+                if let Err(err) = self.wait_for(transfer) {
+                    self.unpin(h, unpinned);
+                    return Err(err);
+                }
                 alloc.ptr
             }
             Place::Host { host } => {
                 let bytes = e.bytes;
-                self.fault_in(h, bytes, host)?
+                match self.fault_in(h, bytes, host) {
+                    Ok(p) => p,
+                    Err(err) => {
+                        self.unpin(h, unpinned);
+                        return Err(err);
+                    }
+                }
             }
         };
+        self.stats.access_stall_us += self.stats.transfer_stall_us - stall0;
         let now = self.alloc.backend().now_us();
         let e = self.reg.get_mut(h)?;
         e.touch(now, step);
         let key = e.key;
         self.stats.accesses += 1;
         self.prefetch.on_access(key);
+        let bytes = self.reg.get(h)?.bytes;
+        self.plan_op(h, key, bytes, OpUse::Access)?;
         self.run_prefetcher()?;
         self.debug_check();
         Ok(ptr)
+    }
+
+    /// Restores the step of a tensor whose access failed (if it is still on the device
+    /// the pin does no harm; elsewhere it would claim a kernel uses it).
+    fn unpin(&mut self, h: TensorHandle, step: u64) {
+        if let Ok(e) = self.reg.get_mut(h) {
+            if !matches!(e.place, Place::Device { .. }) {
+                e.step = step;
+            }
+        }
     }
 
     /// Frees a tensor wherever it is. Buffers of a copy in flight are released when the
@@ -336,6 +369,7 @@ impl<B: DeviceBackend> TierManager<B> {
                 }
             }
         }
+        self.plan_op(h, e.key, bytes, OpUse::Free)?;
         self.demand_free(bytes)
     }
 
@@ -361,8 +395,10 @@ impl<B: DeviceBackend> TierManager<B> {
     pub fn iteration_boundary(&mut self) -> Result<(), TierError> {
         self.end_step();
         self.prefetch.on_iteration();
+        self.plan_boundary();
         self.ordinals.clear();
         self.demand_boundary()?;
+        self.plan_act()?;
         self.run_prefetcher()
     }
 
@@ -653,6 +689,9 @@ impl<B: DeviceBackend> TierManager<B> {
                 ordinals: &self.ordinals,
             };
             self.prefetch.plan(&view, headroom, &mut plan);
+        }
+        if self.planner.is_some() {
+            plan.retain(|&h| !self.plan_holds(h));
         }
         let mut r = Ok(());
         for &h in &plan {

@@ -34,12 +34,15 @@
 //! reproduce it.
 
 pub mod access;
+pub mod floor;
 pub mod handle;
 pub mod manager;
+pub mod planned;
 pub mod predictive;
 pub mod prefetch;
 mod pressure;
 pub mod replay;
+pub mod schedule;
 pub mod spill;
 pub mod staging;
 pub mod transfer;

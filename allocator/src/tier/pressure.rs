@@ -32,7 +32,11 @@ impl<B: DeviceBackend> TierManager<B> {
         }
         let budget = self.cfg.budget as f64;
         let allocated = self.alloc.stats().allocated.current;
-        if (allocated + bytes) as f64 > self.cfg.high_watermark * budget {
+        // A plan in charge replaces the watermark: its spills are queued in the order
+        // they free memory, and more spills behind them would land no sooner (the
+        // out-of-memory path below still waits for them, then spills if it must).
+        let planned = self.planner.as_deref().is_some_and(|p| p.has_moves());
+        if !planned && (allocated + bytes) as f64 > self.cfg.high_watermark * budget {
             let keep = (self.cfg.low_watermark * budget) as u64;
             let target = (allocated + bytes)
                 .saturating_sub(self.releasing)
@@ -223,6 +227,14 @@ impl<B: DeviceBackend> TierManager<B> {
             }
         }
         for (h, e) in self.reg.iter() {
+            // Pinned by the current step: its kernel uses it, so it is on the device
+            // and no copy of it is leaving.
+            if e.step == self.step && !matches!(e.place, Place::Device { .. }) {
+                return bad(format!(
+                    "tensor {h}: pinned by step {} but at {:?}",
+                    self.step, e.place
+                ));
+            }
             if let Some(t) = e.reader {
                 let ok = in_flight.get(&t).is_some_and(|f| {
                     matches!(f.completion, Completion::Release { device: None, .. })

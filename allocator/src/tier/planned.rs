@@ -1,0 +1,321 @@
+//! Planned tiers: the tier manager carries out an [iteration plan](super::schedule)
+//! built at each iteration boundary from the iteration that just ended (a training
+//! job repeats its iterations; a dynamic one nearly does) or, in replay with the
+//! oracle, from the true next one.
+//!
+//! At run time the plan is advice, checked before each action:
+//! - after the operation a move names (`spill_after`), its tensor is spilled as soon as
+//!   it is not pinned by the current step, if it is still on the device with the
+//!   planned bytes (a dynamic iteration may differ: a mismatch is skipped);
+//! - from operation `prefetch_at` on, it is due back: prefetched in plan order as soon
+//!   as it fits under `high_watermark x budget`, never by spilling anything;
+//! - a tensor spilled by the plan and not yet due is hidden from the window prefetcher
+//!   (which would bring it back at the first free byte and push out tensors needed
+//!   sooner).
+//!
+//! The reactive machinery stays underneath: watermark spills, faults and the
+//! out-of-memory path catch whatever the plan misses, so a wrong plan costs transfers
+//! and stalls, never a request the reactive manager would have served.
+//!
+//! Cost: O(1) amortized per operation (cursors over the sorted moves; the pending and
+//! due lists are short), plus the plan itself once per iteration (see
+//! [`schedule`](super::schedule)).
+
+use std::collections::HashSet;
+
+use crate::backend::DeviceBackend;
+
+use super::handle::{Place, TensorHandle, TensorKey};
+use super::manager::TierManager;
+use super::schedule::{self, LinkModel, LoggedOp, OpUse, Plan, Trajectory};
+use super::TierError;
+
+/// Counters of planned tiers.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PlanStats {
+    /// Plans built and moves they held (summed over iterations).
+    pub plans: u64,
+    pub moves: u64,
+    /// Spills and prefetches the plan issued.
+    pub spills: u64,
+    pub prefetches: u64,
+    /// Moves skipped: the tensor was gone, elsewhere, or of other bytes than planned.
+    pub skipped: u64,
+    /// The largest excess over the cap a plan could not cover, bytes.
+    pub max_residual_excess: u64,
+}
+
+/// Where the next iteration's trajectory comes from.
+pub trait TrajectorySource: Send {
+    /// The trajectory of the iteration about to begin, if this source knows it (the
+    /// oracle); `None`: plan from the one that just ended.
+    fn next(&mut self) -> Option<Trajectory>;
+}
+
+/// The plan state of a manager.
+pub struct Planner {
+    pub link: LinkModel,
+    /// The plan keeps the trajectory under `cap_fraction x budget`.
+    pub cap_fraction: f64,
+    cur: Trajectory,
+    t0: f64,
+    plan: Plan,
+    /// Indices into `plan.moves` by prefetch position.
+    by_prefetch: Vec<usize>,
+    next_spill: usize,
+    next_prefetch: usize,
+    pending_spills: Vec<(TensorKey, u64)>,
+    due: Vec<(TensorKey, u64)>,
+    held: HashSet<TensorKey>,
+    source: Option<Box<dyn TrajectorySource>>,
+    pub stats: PlanStats,
+}
+
+impl std::fmt::Debug for Planner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Planner")
+            .field("cap_fraction", &self.cap_fraction)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Planner {
+    /// A planner that keeps each iteration under `cap_fraction x budget`; with
+    /// `source`, plans from the trajectories it gives (the oracle).
+    pub fn new(cap_fraction: f64, source: Option<Box<dyn TrajectorySource>>) -> Self {
+        Planner {
+            link: LinkModel::default(),
+            cap_fraction,
+            cur: Trajectory::default(),
+            t0: 0.0,
+            plan: Plan::default(),
+            by_prefetch: Vec::new(),
+            next_spill: 0,
+            next_prefetch: 0,
+            pending_spills: Vec::new(),
+            due: Vec::new(),
+            held: HashSet::new(),
+            source,
+            stats: PlanStats::default(),
+        }
+    }
+
+    /// Whether the current plan moves anything.
+    pub fn has_moves(&self) -> bool {
+        !self.plan.moves.is_empty()
+    }
+
+    fn install(&mut self, plan: Plan) {
+        self.stats.plans += 1;
+        self.stats.moves += plan.moves.len() as u64;
+        self.stats.max_residual_excess = self.stats.max_residual_excess.max(plan.residual_excess);
+        let mut by_prefetch: Vec<usize> = (0..plan.moves.len()).collect();
+        by_prefetch.sort_by_key(|&i| (plan.moves[i].prefetch_at, plan.moves[i].needed_at));
+        self.by_prefetch = by_prefetch;
+        self.plan = plan;
+        self.next_spill = 0;
+        self.next_prefetch = 0;
+    }
+}
+
+impl<B: DeviceBackend> TierManager<B> {
+    /// Turns on planned tiers (see the module docs).
+    pub fn set_planner(&mut self, planner: Planner) {
+        self.planner = Some(Box::new(planner));
+    }
+
+    pub fn planner(&self) -> Option<&Planner> {
+        self.planner.as_deref()
+    }
+
+    fn compute_clock(&self) -> f64 {
+        let b = self.alloc.backend();
+        b.now_us() - b.stall_us()
+    }
+
+    /// The key under which `h` is logged: its own, unless it is an ordinal of an
+    /// earlier iteration (a tensor that outlived the boundary), which is logged by
+    /// handle (the next iteration's ordinals name other tensors).
+    fn plan_key(&self, h: TensorHandle, key: TensorKey) -> TensorKey {
+        match key {
+            TensorKey::Ordinal(n) if self.ordinals.get(n as usize) != Some(&h) => {
+                TensorKey::Persistent(h)
+            }
+            k => k,
+        }
+    }
+
+    /// Logs an operation of `h` and carries out the moves due (hook of `register`,
+    /// `access` and `free`; `key` and `bytes` are `h`'s).
+    pub(crate) fn plan_op(
+        &mut self,
+        h: TensorHandle,
+        key: TensorKey,
+        bytes: u64,
+        kind: OpUse,
+    ) -> Result<(), TierError> {
+        if self.planner.is_none() {
+            return Ok(());
+        }
+        let key = self.plan_key(h, key);
+        let t = self.compute_clock();
+        let p = self.planner.as_deref_mut().expect("planner");
+        let t = t - p.t0;
+        let pos = p.cur.ops.len();
+        p.cur.ops.push(LoggedOp {
+            key,
+            bytes,
+            kind,
+            t,
+        });
+        while let Some(m) = p.plan.moves.get(p.next_spill) {
+            if m.spill_after > pos {
+                break;
+            }
+            p.pending_spills.push((m.key, m.bytes));
+            p.next_spill += 1;
+        }
+        while let Some(&i) = p.by_prefetch.get(p.next_prefetch) {
+            let m = p.plan.moves[i];
+            if m.prefetch_at > pos {
+                break;
+            }
+            p.held.remove(&m.key);
+            p.due.push((m.key, m.bytes));
+            p.next_prefetch += 1;
+        }
+        self.plan_act()
+    }
+
+    /// Issues the pending spills that can go and the due prefetches that fit.
+    pub(crate) fn plan_act(&mut self) -> Result<(), TierError> {
+        let Some(mut p) = self.planner.take() else {
+            return Ok(());
+        };
+        let r = self.plan_act_with(&mut p);
+        self.planner = Some(p);
+        r
+    }
+
+    fn plan_act_with(&mut self, p: &mut Planner) -> Result<(), TierError> {
+        if !p.pending_spills.is_empty() {
+            let mut keep = Vec::new();
+            for (key, bytes) in std::mem::take(&mut p.pending_spills) {
+                let Some(h) = self.resolve(key) else {
+                    p.stats.skipped += 1;
+                    continue;
+                };
+                let e = self.reg.get(h)?;
+                if e.bytes != bytes {
+                    p.stats.skipped += 1;
+                    continue;
+                }
+                match e.place {
+                    Place::Device { .. } if e.step == self.step || e.reader.is_some() => {
+                        keep.push((key, bytes));
+                    }
+                    Place::Device { .. } => {
+                        if self.start_spill(h)? {
+                            p.stats.spills += 1;
+                            if !p.due.iter().any(|d| d.0 == key) {
+                                p.held.insert(key);
+                            }
+                        } else {
+                            keep.push((key, bytes));
+                        }
+                    }
+                    _ => p.stats.skipped += 1,
+                }
+            }
+            p.pending_spills = keep;
+        }
+        if !p.due.is_empty() {
+            let limit = (p.cap_fraction * self.cfg.budget as f64) as u64;
+            let mut i = 0;
+            while i < p.due.len() {
+                let (key, bytes) = p.due[i];
+                let Some(h) = self.resolve(key) else {
+                    p.due.remove(i);
+                    continue;
+                };
+                let e = self.reg.get(h)?;
+                match e.place {
+                    Place::Host { .. } if e.bytes == bytes => {
+                        let allocated = self.alloc.stats().allocated.current;
+                        if allocated + bytes > limit || !self.start_prefetch(h)? {
+                            // In plan order: wait for room.
+                            break;
+                        }
+                        p.stats.prefetches += 1;
+                        p.held.remove(&key);
+                        p.due.remove(i);
+                    }
+                    // Still on its way out: wait for the copy, then bring it back.
+                    Place::SpillingOut { .. } => i += 1,
+                    _ => {
+                        p.due.remove(i);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The tensor a key names now.
+    fn resolve(&self, key: TensorKey) -> Option<TensorHandle> {
+        let h = match key {
+            TensorKey::Persistent(h) => h,
+            TensorKey::Ordinal(n) => *self.ordinals.get(n as usize)?,
+        };
+        self.reg.get(h).ok().map(|_| h)
+    }
+
+    /// Whether the window prefetcher must leave `h` alone (spilled by the plan, not
+    /// due yet).
+    pub(crate) fn plan_holds(&self, h: TensorHandle) -> bool {
+        let Some(p) = self.planner.as_deref() else {
+            return false;
+        };
+        if p.held.is_empty() {
+            return false;
+        }
+        self.reg
+            .get(h)
+            .is_ok_and(|e| p.held.contains(&self.plan_key(h, e.key)))
+    }
+
+    /// An iteration boundary (hook of `iteration_boundary`, before the ordinals
+    /// restart): the next plan.
+    pub(crate) fn plan_boundary(&mut self) {
+        let t = self.compute_clock();
+        let logical = self.logical;
+        let cap = self.cfg.budget;
+        let Some(p) = self.planner.as_deref_mut() else {
+            return;
+        };
+        let mut traj = std::mem::take(&mut p.cur);
+        traj.span_us = t - p.t0;
+        let next = p.source.as_mut().and_then(|s| s.next());
+        let traj = next.unwrap_or(traj);
+        let cap = (p.cap_fraction * cap as f64) as u64;
+        let plan = if traj.ops.is_empty() {
+            Plan::default()
+        } else {
+            schedule::plan(&traj, cap, p.link)
+        };
+        p.install(plan);
+        p.held.clear();
+        p.cur = Trajectory {
+            ops: Vec::with_capacity(traj.ops.len()),
+            base: logical,
+            span_us: 0.0,
+        };
+        p.t0 = t;
+        // Spills still pending named this iteration's ordinals: drop them. Due
+        // prefetches of persistent keys stay due (the next iteration needs them).
+        p.pending_spills
+            .retain(|(k, _)| matches!(k, TensorKey::Persistent(_)));
+        p.due.retain(|(k, _)| matches!(k, TensorKey::Persistent(_)));
+    }
+}

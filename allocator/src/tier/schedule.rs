@@ -1,0 +1,657 @@
+//! The iteration plan: which tensors leave the device, when, and when they come back,
+//! computed from one iteration's trajectory (the previous one, which a training job
+//! repeats; or the true next one, for the oracle).
+//!
+//! Input: the iteration's operations in order (registrations, accesses, frees of
+//! tensor keys, with their bytes and compute time since the iteration began), the
+//! bytes live at its start and its compute span `T`. With everything resident, the
+//! device would hold `L(i) = base + sum_{j <= i} (allocated_j - freed_j)` after
+//! operation `i`; the plan makes `L(i) - sum_{tensors off at i} bytes <= cap` wherever
+//! the trajectory allows.
+//!
+//! A *gap* is the span between two consecutive uses of a tensor, `(a, b)`, the second
+//! one an access (a tensor never read again is not worth the copy; a persistent one's
+//! last use of the iteration pairs with its first use of the next: a gap that wraps).
+//! Spilled in a gap, a tensor is off the device from the end of its copy out,
+//! `t_a + bytes / bw_out`, to the start of its copy in, `t_b - bytes / bw_in`: its
+//! *window*. A gap whose window is empty relieves nothing (the tensor would be back
+//! before it left) and is never chosen.
+//!
+//! Greedy choice (largest window first, Capuchin's and SwapAdvisor's rule of thumb:
+//! the longest gaps hide their copies best and each spilled byte covers the most
+//! excess): while the largest excess `max_i (L(i) - off(i) - cap)` is positive, take
+//! the not yet chosen gap with the longest window that covers that position. Then
+//! the link: spills are issued in gap order on one device-to-host queue, prefetches
+//! scheduled as late as the host-to-device queue allows, backwards from their
+//! accesses. Queued, a move's copy out ends later and its copy in starts earlier
+//! than alone; a move whose window closes that way relieves nothing and only takes
+//! link time from the others: it is dropped and the rest scheduled again. What the plan cannot cover is left to the reactive machinery
+//! (a stall the link could not have hidden: see [`super::floor::peak_floor`]).
+//!
+//! Cost: O(G log G + k (G + log n)) for `G` gaps, `k` chosen, `n` operations, once
+//! per iteration (never on the allocation path).
+
+use super::handle::TensorKey;
+
+/// Rounds of choose-then-schedule (the schedule moves windows; the next round covers
+/// what that uncovered).
+/// Marks a position no gap can cover, during the greedy cover.
+const BLOCKED: i64 = i64::MIN / 4;
+
+/// What one logged operation did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpUse {
+    Alloc,
+    Access,
+    Free,
+}
+
+/// One operation of the iteration's trajectory.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoggedOp {
+    pub key: TensorKey,
+    pub bytes: u64,
+    pub kind: OpUse,
+    /// Compute time since the iteration began, us (non-decreasing).
+    pub t: f64,
+}
+
+/// The trajectory of one iteration.
+#[derive(Debug, Clone, Default)]
+pub struct Trajectory {
+    pub ops: Vec<LoggedOp>,
+    /// Bytes of every tensor live when the iteration began.
+    pub base: u64,
+    /// The iteration's compute span, us (>= the last operation's time).
+    pub span_us: f64,
+}
+
+/// Link model of the plan.
+#[derive(Debug, Clone, Copy)]
+pub struct LinkModel {
+    /// Bytes per microsecond each way (device to host, host to device).
+    pub out_bytes_per_us: f64,
+    pub in_bytes_per_us: f64,
+    /// Fixed cost of one copy, us.
+    pub latency_us: f64,
+}
+
+impl Default for LinkModel {
+    /// The sim's measured pinned duplex bandwidth, halved: the rate each direction
+    /// keeps while the other one is busy too (~51 GB/s on an H200).
+    fn default() -> Self {
+        let each = crate::backend::sim::CostModel::default().duplex_gbps / 2.0 * 1e3;
+        LinkModel {
+            out_bytes_per_us: each,
+            in_bytes_per_us: each,
+            latency_us: 2.0,
+        }
+    }
+}
+
+impl LinkModel {
+    /// The sim's best pinned bandwidth each way with the other direction idle (for a
+    /// lower bound: no policy's copies run faster), no fixed cost.
+    pub fn peak() -> Self {
+        let c = crate::backend::sim::CostModel::default();
+        let best = |t: &[(f64, f64)]| t.iter().map(|&(_, g)| g).fold(0.0, f64::max) * 1e3;
+        LinkModel {
+            out_bytes_per_us: best(&c.d2h_pinned),
+            in_bytes_per_us: best(&c.h2d_pinned),
+            latency_us: 0.0,
+        }
+    }
+    fn out_us(&self, bytes: u64) -> f64 {
+        self.latency_us + bytes as f64 / self.out_bytes_per_us
+    }
+    fn in_us(&self, bytes: u64) -> f64 {
+        self.latency_us + bytes as f64 / self.in_bytes_per_us
+    }
+}
+
+/// One planned move: spill `key` after operation `spill_after`, bring it back when
+/// operation `prefetch_at` is reached (in the iteration the plan runs in). For a gap
+/// that wraps, the copy in is due in the next iteration: `prefetch_at` is then at
+/// most the iteration's last operation, and `wraps` is set.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Move {
+    pub key: TensorKey,
+    pub bytes: u64,
+    pub spill_after: usize,
+    pub prefetch_at: usize,
+    /// The access the tensor must be back for (a position of the iteration; for a
+    /// wrapped gap, of the next one).
+    pub needed_at: usize,
+    pub wraps: bool,
+}
+
+/// The plan for one iteration.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    pub moves: Vec<Move>,
+    /// The largest excess over the cap the plan leaves (0: the trajectory fits).
+    pub residual_excess: u64,
+    /// `max_i L(i)` of the trajectory, bytes.
+    pub peak: u64,
+    pub ops: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Gap {
+    key: TensorKey,
+    bytes: u64,
+    a: usize,
+    /// In doubled coordinates: `b >= n` for a gap that wraps.
+    b: usize,
+}
+
+/// Builds the plan that keeps `traj` under `cap` bytes. See the module docs.
+pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
+    let n = traj.ops.len();
+    if n == 0 {
+        return Plan::default();
+    }
+    // L(i) and the doubled time axis (positions n..2n are the next iteration's).
+    let mut live = Vec::with_capacity(n);
+    let mut l = traj.base as i128;
+    for op in &traj.ops {
+        match op.kind {
+            OpUse::Alloc => l += op.bytes as i128,
+            OpUse::Free => l -= op.bytes as i128,
+            OpUse::Access => {}
+        }
+        live.push(l.max(0) as u64);
+    }
+    let span = traj.span_us.max(traj.ops[n - 1].t);
+    let time = |p: usize| -> f64 {
+        if p < n {
+            traj.ops[p].t
+        } else {
+            traj.ops[p - n].t + span
+        }
+    };
+    let gaps = find_gaps(&traj.ops);
+    let peak = live.iter().copied().max().unwrap_or(0);
+    let excess0: Vec<i64> = live
+        .iter()
+        .map(|&x| (x as i128 - cap as i128).clamp(i64::MIN as i128, i64::MAX as i128) as i64)
+        .collect();
+    if excess0.iter().all(|&e| e <= 0) {
+        return Plan {
+            peak,
+            ops: n,
+            ..Plan::default()
+        };
+    }
+    // Positions p in (a, b) (doubled coordinates) whose time is within [lo_t, hi_t].
+    let window = |g: &Gap, lo_t: f64, hi_t: f64| -> Option<(usize, usize)> {
+        let (mut lo, mut hi) = (g.a + 1, g.b.checked_sub(1)?);
+        if lo > hi {
+            return None;
+        }
+        // First position >= lo with time >= lo_t; last <= hi with time <= hi_t.
+        lo = partition(lo, hi + 1, |p| time(p) < lo_t);
+        let hi_end = partition(lo, hi + 1, |p| time(p) <= hi_t);
+        if hi_end == lo {
+            return None;
+        }
+        hi = hi_end - 1;
+        Some((lo, hi))
+    };
+    // Each gap's own window (its copies alone on the link).
+    let own: Vec<Option<(usize, usize)>> = gaps
+        .iter()
+        .map(|g| {
+            window(
+                g,
+                time(g.a) + link.out_us(g.bytes),
+                time(g.b) - link.in_us(g.bytes),
+            )
+        })
+        .collect();
+    // Candidates: gaps with a window, by its length in time, longest first.
+    let len_t = |w: (usize, usize)| time(w.1) - time(w.0);
+    let mut hidden: Vec<usize> = (0..gaps.len()).filter(|&i| own[i].is_some()).collect();
+    hidden.sort_by(|&x, &y| {
+        len_t(own[y].unwrap())
+            .total_cmp(&len_t(own[x].unwrap()))
+            .then(gaps[y].bytes.cmp(&gaps[x].bytes))
+    });
+    // A key's gaps may not overlap in the plan (one copy of a tensor at a time); the
+    // chosen gaps of each key are few, checked by a scan.
+    let mut chosen: Vec<usize> = Vec::new();
+    let mut is_chosen = vec![false; gaps.len()];
+    // Greedy cover with each gap's own window.
+    let mut tree = MaxTree::new(&excess0);
+    let mut blocked = Vec::new();
+    loop {
+        let (p, e) = tree.max();
+        if e <= 0 {
+            break;
+        }
+        let covers = |w: Option<(usize, usize)>| {
+            w.is_some_and(|(lo, hi)| (lo <= p && p <= hi) || (lo <= p + n && p + n <= hi))
+        };
+        let pick = hidden
+            .iter()
+            .find(|&&i| !is_chosen[i] && covers(own[i]) && free_of(&chosen, &gaps, i));
+        match pick {
+            Some(&i) => {
+                is_chosen[i] = true;
+                chosen.push(i);
+                add_window(&mut tree, own[i].unwrap(), n, -(gaps[i].bytes as i64));
+            }
+            None => {
+                // Nothing can cover this position: leave it, look at the rest.
+                tree.add(p, p, BLOCKED);
+                blocked.push(p);
+                if blocked.len() > n {
+                    break;
+                }
+            }
+        }
+    }
+    for p in blocked {
+        tree.add(p, p, -BLOCKED);
+    }
+    // Back as early as memory allows: in order of need, each chosen tensor returns at
+    // the first position from which it fits under the cap until its access, beside
+    // everything else the plan has resident then. A tensor that fits from the start
+    // of its window was made redundant by later choices: dropped.
+    chosen.sort_by_key(|&c| (gaps[c].b, gaps[c].a));
+    let mut back = vec![0usize; gaps.len()];
+    chosen.retain(|&c| {
+        let (lo, hi) = own[c].expect("chosen gaps have a window");
+        let bytes = gaps[c].bytes as i64;
+        let fits = |q: usize, tree: &MaxTree| q > hi || range_max(tree, (q, hi), n) + bytes <= 0;
+        let q = partition(lo, hi + 1, |q| !fits(q, &tree));
+        if q == lo {
+            add_window(&mut tree, (lo, hi), n, bytes);
+            return false;
+        }
+        if q <= hi {
+            add_window(&mut tree, (q, hi), n, bytes);
+        }
+        back[c] = q;
+        true
+    });
+    let residual = tree.max().1.max(0) as u64;
+    let mut moves: Vec<Move> = chosen
+        .iter()
+        .map(|&c| {
+            let g = gaps[c];
+            // A copy in due in the next iteration is issued at this one's end.
+            let at = back[c].min(n - 1);
+            Move {
+                key: g.key,
+                bytes: g.bytes,
+                spill_after: g.a,
+                prefetch_at: at,
+                needed_at: if g.b >= n { g.b - n } else { g.b },
+                wraps: g.b >= n,
+            }
+        })
+        .collect();
+    moves.sort_by_key(|m| m.spill_after);
+    Plan {
+        moves,
+        residual_excess: residual,
+        peak,
+        ops: n,
+    }
+}
+
+/// Whether gap `i` overlaps no chosen gap of the same key.
+fn free_of(chosen: &[usize], gaps: &[Gap], i: usize) -> bool {
+    let g = &gaps[i];
+    chosen.iter().all(|&c| {
+        let h = &gaps[c];
+        h.key != g.key || h.b <= g.a || g.b <= h.a
+    })
+}
+
+/// The gaps of a trajectory: consecutive uses of a key, the second an access; for a
+/// key used first by an access (it was live when the iteration began), its last use
+/// pairs with that first access one iteration later.
+fn find_gaps(ops: &[LoggedOp]) -> Vec<Gap> {
+    let n = ops.len();
+    let mut last: std::collections::HashMap<TensorKey, (usize, usize, u64)> =
+        std::collections::HashMap::new();
+    let mut first_access: std::collections::HashMap<TensorKey, usize> =
+        std::collections::HashMap::new();
+    let mut gaps = Vec::new();
+    for (p, op) in ops.iter().enumerate() {
+        match op.kind {
+            OpUse::Alloc => {
+                last.insert(op.key, (p, p, op.bytes));
+            }
+            OpUse::Access => match last.get_mut(&op.key) {
+                Some(e) => {
+                    if op.bytes == e.2 && p > e.1 + 1 {
+                        gaps.push(Gap {
+                            key: op.key,
+                            bytes: op.bytes,
+                            a: e.1,
+                            b: p,
+                        });
+                    }
+                    e.1 = p;
+                }
+                None => {
+                    last.insert(op.key, (p, p, op.bytes));
+                    first_access.insert(op.key, p);
+                }
+            },
+            OpUse::Free => {
+                last.remove(&op.key);
+            }
+        }
+    }
+    // Wrapping gaps: live across the boundary, used first by an access this iteration.
+    for (key, first) in first_access {
+        if let Some(&(_, lastp, bytes)) = last.get(&key) {
+            if first + n > lastp + 1 && bytes > 0 {
+                gaps.push(Gap {
+                    key,
+                    bytes,
+                    a: lastp,
+                    b: first + n,
+                });
+            }
+        }
+    }
+    gaps.retain(|g| g.bytes > 0);
+    // Deterministic order (the map's is not).
+    gaps.sort_by_key(|g| (g.a, g.b));
+    gaps
+}
+
+/// The maximum over a window in doubled coordinates.
+fn range_max(tree: &MaxTree, (lo, hi): (usize, usize), n: usize) -> i64 {
+    if lo > hi {
+        return i64::MIN;
+    }
+    if hi < n {
+        tree.query(lo, hi)
+    } else if lo >= n {
+        tree.query(lo - n, hi - n)
+    } else {
+        tree.query(lo, n - 1).max(tree.query(0, hi - n))
+    }
+}
+
+/// Adds `v` over a window in doubled coordinates.
+fn add_window(tree: &mut MaxTree, (lo, hi): (usize, usize), n: usize, v: i64) {
+    if lo > hi {
+        return;
+    }
+    if hi < n {
+        tree.add(lo, hi, v);
+    } else if lo >= n {
+        tree.add(lo - n, hi - n, v);
+    } else {
+        tree.add(lo, n - 1, v);
+        tree.add(0, hi - n, v);
+    }
+}
+
+/// First `p` in `[lo, hi)` with `!pred(p)` (pred true on a prefix); `hi` if none.
+fn partition(mut lo: usize, mut hi: usize, pred: impl Fn(usize) -> bool) -> usize {
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if pred(mid) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// Range add, global max with its position (a lazy segment tree).
+// Invariant: mx[node] = max over the node's range of the values, minus the pending
+// adds of its ancestors.
+struct MaxTree {
+    n: usize,
+    mx: Vec<i64>,
+    arg: Vec<u32>,
+    lz: Vec<i64>,
+}
+
+impl MaxTree {
+    fn new(v: &[i64]) -> Self {
+        let n = v.len();
+        let mut t = MaxTree {
+            n,
+            mx: vec![0; 4 * n],
+            arg: vec![0; 4 * n],
+            lz: vec![0; 4 * n],
+        };
+        t.build(1, 0, n - 1, v);
+        t
+    }
+    fn build(&mut self, node: usize, l: usize, r: usize, v: &[i64]) {
+        if l == r {
+            self.mx[node] = v[l];
+            self.arg[node] = l as u32;
+            return;
+        }
+        let m = (l + r) / 2;
+        self.build(2 * node, l, m, v);
+        self.build(2 * node + 1, m + 1, r, v);
+        self.pull(node);
+    }
+    fn pull(&mut self, node: usize) {
+        let (a, b) = (2 * node, 2 * node + 1);
+        let (ma, mb) = (self.mx[a], self.mx[b]);
+        let (m, i) = if ma >= mb {
+            (ma, self.arg[a])
+        } else {
+            (mb, self.arg[b])
+        };
+        self.mx[node] = m.saturating_add(self.lz[node]);
+        self.arg[node] = i;
+    }
+    fn add(&mut self, lo: usize, hi: usize, v: i64) {
+        if lo > hi || hi >= self.n {
+            return;
+        }
+        self.add_in(1, 0, self.n - 1, lo, hi, v);
+    }
+    fn add_in(&mut self, node: usize, l: usize, r: usize, lo: usize, hi: usize, v: i64) {
+        if hi < l || r < lo {
+            return;
+        }
+        if lo <= l && r <= hi {
+            self.mx[node] = self.mx[node].saturating_add(v);
+            self.lz[node] = self.lz[node].saturating_add(v);
+            return;
+        }
+        let m = (l + r) / 2;
+        self.add_in(2 * node, l, m, lo, hi, v);
+        self.add_in(2 * node + 1, m + 1, r, lo, hi, v);
+        self.pull(node);
+    }
+    /// The maximum over `[lo, hi]`.
+    fn query(&self, lo: usize, hi: usize) -> i64 {
+        self.query_in(1, 0, self.n - 1, lo, hi)
+    }
+    fn query_in(&self, node: usize, l: usize, r: usize, lo: usize, hi: usize) -> i64 {
+        if hi < l || r < lo {
+            return i64::MIN;
+        }
+        if lo <= l && r <= hi {
+            return self.mx[node];
+        }
+        let m = (l + r) / 2;
+        let best = self.query_in(2 * node, l, m, lo, hi).max(self.query_in(
+            2 * node + 1,
+            m + 1,
+            r,
+            lo,
+            hi,
+        ));
+        best.saturating_add(self.lz[node])
+    }
+    /// (position, value) of the maximum.
+    fn max(&self) -> (usize, i64) {
+        (self.arg[1] as usize, self.mx[1])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(n: u32) -> TensorKey {
+        TensorKey::Ordinal(n)
+    }
+    fn op(key: TensorKey, bytes: u64, kind: OpUse, t: f64) -> LoggedOp {
+        LoggedOp {
+            key,
+            bytes,
+            kind,
+            t,
+        }
+    }
+
+    /// A forward of `layers` activations of `s` bytes each, 10 us apart, then a
+    /// backward reading and freeing them in reverse, 20 us apart.
+    fn fwd_bwd(layers: u32, s: u64) -> Trajectory {
+        let mut ops = Vec::new();
+        let mut t = 0.0;
+        for i in 0..layers {
+            t += 10.0;
+            ops.push(op(k(i), s, OpUse::Alloc, t));
+        }
+        for i in (0..layers).rev() {
+            t += 20.0;
+            ops.push(op(k(i), s, OpUse::Access, t));
+            ops.push(op(k(i), s, OpUse::Free, t));
+        }
+        Trajectory {
+            ops,
+            base: 0,
+            span_us: t,
+        }
+    }
+
+    /// The resident bytes of `traj` after each operation under `plan`, if every copy
+    /// took exactly its own time: spilled from `spill_after + 1` to `prefetch_at - 1`.
+    fn resident(traj: &Trajectory, plan: &Plan) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut l = traj.base as i128;
+        for (p, o) in traj.ops.iter().enumerate() {
+            match o.kind {
+                OpUse::Alloc => l += o.bytes as i128,
+                OpUse::Free => l -= o.bytes as i128,
+                OpUse::Access => {}
+            }
+            let off: i128 = plan
+                .moves
+                .iter()
+                .filter(|m| m.spill_after < p && p < m.prefetch_at)
+                .map(|m| m.bytes as i128)
+                .sum();
+            out.push((l - off) as u64);
+        }
+        out
+    }
+
+    #[test]
+    fn nothing_moves_when_the_trajectory_fits() {
+        let t = fwd_bwd(8, 100);
+        let p = plan(&t, 800, LinkModel::default());
+        assert!(p.moves.is_empty());
+        assert_eq!(p.peak, 800);
+        assert_eq!(p.residual_excess, 0);
+    }
+
+    #[test]
+    fn the_earliest_activations_leave_first_and_the_plan_fits_the_cap() {
+        // 8 x 1 MB; cap 5 MB: at least 3 must leave, and the first ones created (read
+        // last) have the longest gaps.
+        let s = 1_000_000;
+        let t = fwd_bwd(8, s);
+        let link = LinkModel {
+            out_bytes_per_us: 1e6,
+            in_bytes_per_us: 1e6,
+            latency_us: 0.0,
+        };
+        let p = plan(&t, 5 * s, link);
+        assert_eq!(p.residual_excess, 0, "{p:?}");
+        let keys: Vec<TensorKey> = p.moves.iter().map(|m| m.key).collect();
+        assert_eq!(keys, vec![k(0), k(1), k(2)], "{p:?}");
+        assert!(resident(&t, &p).iter().all(|&r| r <= 5 * s));
+        for m in &p.moves {
+            assert!(m.spill_after < m.prefetch_at && m.prefetch_at < m.needed_at);
+        }
+    }
+
+    #[test]
+    fn a_link_too_slow_for_any_gap_moves_nothing_and_says_what_is_left() {
+        let s = 1_000_000;
+        let t = fwd_bwd(8, s);
+        // 1 byte/us: no copy of 1 MB fits in any gap.
+        let link = LinkModel {
+            out_bytes_per_us: 1.0,
+            in_bytes_per_us: 1.0,
+            latency_us: 0.0,
+        };
+        let p = plan(&t, 5 * s, link);
+        assert!(p.moves.is_empty(), "{p:?}");
+        assert_eq!(p.residual_excess, 3 * s);
+    }
+
+    #[test]
+    fn a_persistent_tensor_wraps_the_boundary() {
+        // A parameter read at the start, then a peak of activations: the parameter's
+        // gap wraps into the next iteration and is the longest.
+        let pk = TensorKey::Persistent(crate::tier::TensorHandle { index: 7, gen: 0 });
+        let s = 1_000_000;
+        let mut ops = vec![op(pk, 4 * s, OpUse::Access, 0.0)];
+        let mut tt = 0.0;
+        for i in 0..4 {
+            tt += 100.0;
+            ops.push(op(k(i), s, OpUse::Alloc, tt));
+        }
+        for i in (0..4).rev() {
+            tt += 100.0;
+            ops.push(op(k(i), s, OpUse::Access, tt));
+            ops.push(op(k(i), s, OpUse::Free, tt));
+        }
+        let t = Trajectory {
+            ops,
+            base: 4 * s,
+            span_us: tt + 100.0,
+        };
+        let link = LinkModel {
+            out_bytes_per_us: 1e6,
+            in_bytes_per_us: 1e6,
+            latency_us: 0.0,
+        };
+        let p = plan(&t, 6 * s, link);
+        assert_eq!(p.residual_excess, 0, "{p:?}");
+        let m = p
+            .moves
+            .iter()
+            .find(|m| m.key == pk)
+            .expect("parameter moves");
+        assert!(m.wraps);
+        assert_eq!(m.spill_after, 0);
+        assert_eq!(m.needed_at, 0);
+        assert!(m.prefetch_at < t.ops.len());
+    }
+
+    #[test]
+    fn the_tree_finds_the_maximum_after_range_adds() {
+        let mut t = MaxTree::new(&[1, 5, 3, 2, 4]);
+        assert_eq!(t.max(), (1, 5));
+        t.add(0, 2, -10);
+        assert_eq!(t.max(), (4, 4));
+        t.add(2, 3, 20);
+        assert_eq!(t.max(), (3, 22));
+        t.add(3, 3, -100);
+        assert_eq!(t.max(), (2, 13));
+    }
+}
