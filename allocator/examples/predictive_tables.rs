@@ -103,22 +103,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         "budget" => {
-            println!("| trace | policy | completed | stall overhead | link-bound floor | spilled | prefetched | hit rate | ahead batches |");
-            println!("|---|---|---|---:|---:|---:|---:|---:|---:|");
+            println!("| trace | policy | completed | stall overhead | peak floor | link-bound floor | spilled | prefetched | hit rate | ahead batches |");
+            println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|");
+            let plan = Actions {
+                plan: true,
+                ..Actions::none()
+            };
             for t in &traces {
-                let rows =
-                    std::iter::once(None).chain(FORECASTERS.map(|f| Some((f, Actions::default()))));
-                for p in rows {
+                let rows = std::iter::once((None, "reactive".to_string()))
+                    .chain(FORECASTERS.map(|f| {
+                        (
+                            Some((f, Actions::default())),
+                            format!("predictive, {}", f.name()),
+                        )
+                    }))
+                    .chain([
+                        (
+                            Some((ReplayForecaster::Oracle, plan)),
+                            "plan, oracle".to_string(),
+                        ),
+                        (
+                            Some((ReplayForecaster::None, plan)),
+                            "plan, previous iteration".to_string(),
+                        ),
+                    ]);
+                for (p, label) in rows {
                     let r = budgeted(t, budget, p)?;
                     println!(
-                        "| {} | {} | {} | {:.2} | {:.2} | {:.1} GB | {:.1} GB | {:.2} | {} |",
+                        "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.1} GB | {:.1} GB | {:.2} | {} |",
                         t.meta.name,
-                        p.map_or("reactive".to_string(), |(f, _)| format!(
-                            "predictive, {}",
-                            f.name()
-                        )),
+                        label,
                         r.completed,
                         r.stall_overhead,
+                        r.peak_floor_overhead,
                         r.link_floor_overhead,
                         r.spilled_bytes as f64 / 1e9,
                         r.prefetched_bytes as f64 / 1e9,
@@ -131,7 +148,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "ablation" => {
             // Without a budget the actions are grow and release; under one, spill and
             // prefetch. Each alone, then all, with the lstm and the oracle.
-            let sets: [(&str, Actions); 6] = [
+            let sets: [(&str, Actions); 7] = [
                 ("none", Actions::none()),
                 (
                     "grow",
@@ -158,6 +175,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     "prefetch",
                     Actions {
                         prefetch: true,
+                        ..Actions::none()
+                    },
+                ),
+                (
+                    "plan",
+                    Actions {
+                        plan: true,
                         ..Actions::none()
                     },
                 ),

@@ -216,6 +216,60 @@ pub fn trajectories(program: &[Op], bytes_of: &HashMap<u64, u64>) -> Vec<Traject
     out
 }
 
+/// The trajectory of the iteration that begins with `program` (up to its next
+/// boundary), under the keys a [`TierManager`](super::TierManager) logs: tensors
+/// registered in it by ordinal, the others (live at its start, `live`) by handle;
+/// `base` is the bytes registered at its start. What the oracle plans from.
+pub fn upcoming(
+    program: &[Op],
+    bytes_of: &HashMap<u64, u64>,
+    live: &HashMap<u64, super::TensorHandle>,
+    base: u64,
+) -> Trajectory {
+    let mut traj = Trajectory {
+        base,
+        ..Trajectory::default()
+    };
+    let mut ordinal: HashMap<u64, u32> = HashMap::new();
+    let mut t = 0.0f64;
+    for op in program {
+        let (id, kind) = match op.kind {
+            OpKind::Advance(us) => {
+                t += us as f64;
+                continue;
+            }
+            OpKind::EndStep => continue,
+            OpKind::IterationBoundary => break,
+            OpKind::Alloc { id, bytes, .. } => {
+                if bytes == 0 {
+                    continue;
+                }
+                let n = ordinal.len() as u32;
+                ordinal.insert(id, n);
+                (id, OpUse::Alloc)
+            }
+            OpKind::Access { id, .. } => (id, OpUse::Access),
+            OpKind::Free { id } => (id, OpUse::Free),
+        };
+        let key = match (ordinal.get(&id), live.get(&id)) {
+            (Some(&n), _) => TensorKey::Ordinal(n),
+            (None, Some(&h)) => TensorKey::Persistent(h),
+            (None, None) => continue,
+        };
+        let Some(&bytes) = bytes_of.get(&id).filter(|&&b| b > 0) else {
+            continue;
+        };
+        traj.ops.push(LoggedOp {
+            key,
+            bytes,
+            kind,
+            t,
+        });
+    }
+    traj.span_us = t;
+    traj
+}
+
 /// The summed peak floor of `program` under `budget` bytes, us.
 pub fn replay_floor(program: &[Op], bytes_of: &HashMap<u64, u64>, budget: u64) -> f64 {
     let link = LinkModel::peak();

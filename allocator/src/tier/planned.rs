@@ -43,6 +43,9 @@ pub struct PlanStats {
     pub skipped: u64,
     /// The largest excess over the cap a plan could not cover, bytes.
     pub max_residual_excess: u64,
+    /// Plans replaced within an iteration: its first allocations matched an earlier
+    /// iteration of the same shape better than the previous one.
+    pub replans: u64,
 }
 
 /// Where the next iteration's trajectory comes from.
@@ -68,8 +71,26 @@ pub struct Planner {
     due: Vec<(TensorKey, u64)>,
     held: HashSet<TensorKey>,
     source: Option<Box<dyn TrajectorySource>>,
+    /// The trajectory to plan the next iteration from, if given (the oracle).
+    next: Option<Trajectory>,
+    /// Recent iterations by their signature (the bytes of their first
+    /// [`SIGNATURE`] allocations: the input batch's shape), most recent first, at
+    /// most [`LIBRARY`].
+    library: Vec<(Vec<u64>, Trajectory)>,
+    /// This iteration's signature so far.
+    sig: Vec<u64>,
+    /// The signature of the trajectory the current plan came from (`None`: not from
+    /// the library, e.g. the oracle's).
+    planned_from: Option<Vec<u64>>,
+    /// The cap of this iteration's plans, bytes.
+    cap: u64,
     pub stats: PlanStats,
 }
+
+/// Allocations that make an iteration's signature.
+pub const SIGNATURE: usize = 4;
+/// Iterations kept by signature.
+pub const LIBRARY: usize = 8;
 
 impl std::fmt::Debug for Planner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -97,6 +118,11 @@ impl Planner {
             due: Vec::new(),
             held: HashSet::new(),
             source,
+            next: None,
+            library: Vec::new(),
+            sig: Vec::new(),
+            planned_from: None,
+            cap: 0,
             stats: PlanStats::default(),
         }
     }
@@ -104,6 +130,23 @@ impl Planner {
     /// Whether the current plan moves anything.
     pub fn has_moves(&self) -> bool {
         !self.plan.moves.is_empty()
+    }
+
+    /// Once this iteration's signature is known: if an earlier iteration of the same
+    /// signature is known and the plan came from another, plan from it instead. The
+    /// moves the new plan puts before the current position are carried out now (the
+    /// cursors restart and catch up).
+    fn rematch(&mut self) {
+        if self.planned_from.as_ref() == Some(&self.sig) {
+            return;
+        }
+        let Some(i) = self.library.iter().position(|(s, _)| *s == self.sig) else {
+            return;
+        };
+        let plan = schedule::plan(&self.library[i].1, self.cap, self.link);
+        self.planned_from = Some(self.sig.clone());
+        self.stats.replans += 1;
+        self.install(plan);
     }
 
     fn install(&mut self, plan: Plan) {
@@ -127,6 +170,19 @@ impl<B: DeviceBackend> TierManager<B> {
 
     pub fn planner(&self) -> Option<&Planner> {
         self.planner.as_deref()
+    }
+
+    /// Plans the next iteration from `traj` instead of the one that ends (the oracle:
+    /// the caller knows the future). Call just before `iteration_boundary`.
+    pub fn set_next_trajectory(&mut self, traj: Trajectory) {
+        if let Some(p) = self.planner.as_deref_mut() {
+            p.next = Some(traj);
+        }
+    }
+
+    /// Bytes of every registered tensor, wherever it is.
+    pub fn logical(&self) -> u64 {
+        self.logical
     }
 
     fn compute_clock(&self) -> f64 {
@@ -169,6 +225,12 @@ impl<B: DeviceBackend> TierManager<B> {
             kind,
             t,
         });
+        if kind == OpUse::Alloc && p.sig.len() < SIGNATURE {
+            p.sig.push(bytes);
+            if p.sig.len() == SIGNATURE && p.planned_from.is_some() {
+                p.rematch();
+            }
+        }
         while let Some(m) = p.plan.moves.get(p.next_spill) {
             if m.spill_after > pos {
                 break;
@@ -294,20 +356,35 @@ impl<B: DeviceBackend> TierManager<B> {
         let Some(p) = self.planner.as_deref_mut() else {
             return;
         };
-        let mut traj = std::mem::take(&mut p.cur);
-        traj.span_us = t - p.t0;
-        let next = p.source.as_mut().and_then(|s| s.next());
-        let traj = next.unwrap_or(traj);
+        let mut ended = std::mem::take(&mut p.cur);
+        ended.span_us = t - p.t0;
         let cap = (p.cap_fraction * cap as f64) as u64;
-        let plan = if traj.ops.is_empty() {
+        p.cap = cap;
+        let known = p
+            .next
+            .take()
+            .or_else(|| p.source.as_mut().and_then(|s| s.next()));
+        let from = known.as_ref().unwrap_or(&ended);
+        let plan = if from.ops.is_empty() {
             Plan::default()
         } else {
-            schedule::plan(&traj, cap, p.link)
+            schedule::plan(from, cap, p.link)
         };
+        let ops = from.ops.len();
+        p.planned_from = known.is_none().then(|| std::mem::take(&mut p.sig));
+        p.sig.clear();
         p.install(plan);
         p.held.clear();
+        // The ended iteration joins the library under its signature.
+        if let Some(sig) = p.planned_from.clone() {
+            if sig.len() == SIGNATURE {
+                p.library.retain(|(s, _)| *s != sig);
+                p.library.insert(0, (sig, ended));
+                p.library.truncate(LIBRARY);
+            }
+        }
         p.cur = Trajectory {
-            ops: Vec::with_capacity(traj.ops.len()),
+            ops: Vec::with_capacity(ops),
             base: logical,
             span_us: 0.0,
         };

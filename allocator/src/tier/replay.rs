@@ -201,6 +201,9 @@ pub struct TierReport {
     pub planned_moves: u64,
     pub planned_spills: u64,
     pub planned_prefetches: u64,
+    /// Plans replaced within an iteration by one from an earlier iteration of the same
+    /// shape (its first allocations).
+    pub planned_replans: u64,
     /// Bytes recomputed instead of fetched (no policy recomputes yet: always 0).
     pub recomputed_bytes: u64,
     pub prefetches: u64,
@@ -392,7 +395,8 @@ fn run<B: DeviceBackend>(
     let bad = |event: Option<u64>, what: String| TierReplayError::Trace {
         what: format!("{}: {what}", where_(event)),
     };
-    for op in &program {
+    let oracle_plan = matches!(opts.predictive, Some((ReplayForecaster::Oracle, a)) if a.plan);
+    for (i, op) in program.iter().enumerate() {
         if op.event.is_some() && stall0.is_none() {
             // Setup ends at the first trace event.
             setup_us = m.backend().stall_us();
@@ -428,6 +432,12 @@ fn run<B: DeviceBackend>(
                     stall_per_iteration.push(now - prev);
                 }
                 last_boundary_stall = Some(now);
+                if oracle_plan {
+                    // The oracle plans the iteration that begins on its true operations.
+                    let next =
+                        super::floor::upcoming(&program[i + 1..], &bytes_of, &live, m.logical());
+                    m.set_next_trajectory(next);
+                }
                 m.iteration_boundary()
             }
             OpKind::Alloc {
@@ -576,6 +586,7 @@ fn run<B: DeviceBackend>(
         planned_moves: plan_stats.moves,
         planned_spills: plan_stats.spills,
         planned_prefetches: plan_stats.prefetches,
+        planned_replans: plan_stats.replans,
         recomputed_bytes: 0,
         prefetches: s.prefetches,
         prefetched_bytes: s.prefetched_bytes,

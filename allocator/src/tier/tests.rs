@@ -648,8 +648,8 @@ fn replay_table() {
     }
     let mut failed = Vec::new();
     let mut replays = 0;
-    println!("| trace | budget | completed | stall overhead | spilled | prefetched | hit rate (hits/misses) | no-prefetch overhead |");
-    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    println!("| trace | budget | completed | stall overhead | peak floor | spilled | prefetched | hit rate (hits/misses) | no-prefetch overhead |");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
     for t in &traces {
         for f in [1.0, 0.8, 0.6, 0.4] {
             let run = |prefetch: bool| {
@@ -709,13 +709,25 @@ fn replay_table() {
                     "OOM".into()
                 }
             };
+            // The floor bounds every policy from below.
+            if r.completed && n.completed {
+                assert!(
+                    r.peak_floor_us <= r.stall_us + 1.0 && r.peak_floor_us <= n.stall_us + 1.0,
+                    "{} at {f}: floor {} above a stall ({}, {})",
+                    t.meta.name,
+                    r.peak_floor_us,
+                    r.stall_us,
+                    n.stall_us
+                );
+            }
             println!(
-                "| {} | {:.0}% ({}) | {} | {} | {} | {} | {:.2} ({}/{}) | {} |",
+                "| {} | {:.0}% ({}) | {} | {} | {:.2} | {} | {} | {:.2} ({}/{}) | {} |",
                 t.meta.name,
                 f * 100.0,
                 gb(r.budget_bytes),
                 r.completed,
                 ov(&r),
+                r.peak_floor_overhead,
                 gb(r.spilled_bytes),
                 gb(r.prefetched_bytes),
                 r.prefetch_hit_rate,
@@ -724,7 +736,7 @@ fn replay_table() {
                 ov(&n)
             );
             if let Some(e) = &r.error {
-                println!("|  | error: {e} | | | | | | |");
+                println!("|  | error: {e} | | | | | | | |");
             }
         }
     }
@@ -733,4 +745,41 @@ fn replay_table() {
         failed.is_empty(),
         "replays that did not complete: {failed:#?}"
     );
+}
+
+/// Two input shapes in turn (A, B, A, B, ...): at each boundary the plan comes from
+/// the iteration that ended (the other shape); once an iteration's first allocations
+/// show its shape, the plan is replaced by one from the last iteration of that shape.
+/// The bytes stay exact throughout.
+#[test]
+fn an_iteration_of_a_known_shape_is_planned_from_the_last_of_that_shape() {
+    let (mut m, _) = manager(5);
+    m.set_planner(super::planned::Planner::new(0.8, None));
+    let shapes: [&[u64]; 2] = [
+        &[4 << 10, 64 << 10, 128 << 10, 160 << 10],
+        &[160 << 10, 128 << 10, 64 << 10, 4 << 10],
+    ];
+    for it in 0..8u64 {
+        let shape = shapes[(it % 2) as usize];
+        // A forward of the shape's inputs and twelve 128 KiB activations (about 2 MiB
+        // with the inputs: over the 1.6 MiB cap), then a backward reading them.
+        let mut live = Vec::new();
+        for (i, &b) in shape.iter().chain([128 << 10; 12].iter()).enumerate() {
+            let h = m.register(b, TensorOpts::default()).unwrap();
+            let data = pattern(it * 100 + i as u64, b);
+            write(&mut m, h, &data).unwrap();
+            m.end_step();
+            live.push((h, data));
+        }
+        while let Some((h, data)) = live.pop() {
+            assert_eq!(read(&mut m, h).unwrap(), data, "iteration {it}");
+            m.end_step();
+            m.free(h).unwrap();
+            m.check_invariants().unwrap();
+        }
+        m.iteration_boundary().unwrap();
+    }
+    let s = &m.planner().unwrap().stats;
+    assert!(s.replans >= 4, "{s:?}");
+    assert!(s.spills > 0 && s.prefetches > 0, "{s:?}");
 }
