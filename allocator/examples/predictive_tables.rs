@@ -124,7 +124,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         ),
                         (
                             Some((ReplayForecaster::None, plan)),
-                            "plan, previous iteration".to_string(),
+                            "plan, same shape".to_string(),
                         ),
                     ]);
                 for (p, label) in rows {

@@ -1,0 +1,83 @@
+//! Budgeted replays of one split of the recorded corpus (default `test`, the traces
+//! nothing was chosen on): reactive tiers with and without the one-arena allocator,
+//! predictive tiers (default actions, the LSTM), iteration plans (from the last
+//! iteration of the same shape, and the oracle's), beside the peak floor.
+//!
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET]`
+//! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`).
+
+use memcast_alloc::config::Actions;
+use memcast_alloc::replay::ReplayForecaster;
+use memcast_alloc::tier::{replay_budgeted, Budget, TierReplayOptions};
+use memcast_trace::corpus::{Corpus, Split};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let split: Split = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "test".into())
+        .parse()?;
+    let budget: Budget = std::env::args()
+        .nth(2)
+        .unwrap_or_else(|| "60%".into())
+        .parse()?;
+    let corpus = Corpus::load(std::path::Path::new("training-data/corpus/manifest.tsv"))?;
+    let plan = Actions {
+        plan: true,
+        ..Actions::none()
+    };
+    let rows: [(&str, bool, Option<(ReplayForecaster, Actions)>); 5] = [
+        ("reactive, no arena", false, None),
+        ("reactive", true, None),
+        (
+            "predictive, lstm",
+            true,
+            Some((ReplayForecaster::Lstm, Actions::default())),
+        ),
+        (
+            "plan, same shape",
+            true,
+            Some((ReplayForecaster::None, plan)),
+        ),
+        ("plan, oracle", true, Some((ReplayForecaster::Oracle, plan))),
+    ];
+    print!("| trace | peak floor |");
+    for (name, _, _) in &rows {
+        print!(" {name} |");
+    }
+    println!();
+    println!("|---|---:|{}", "---:|".repeat(rows.len()));
+    let mut sums = vec![0.0f64; rows.len() + 1];
+    let mut n = 0;
+    for e in corpus.split(split) {
+        let t = memcast_trace::io::load_trace(&e.path)?;
+        let mut cells = Vec::new();
+        let mut floor = 0.0;
+        for (i, (_, arena, p)) in rows.iter().enumerate() {
+            let r = replay_budgeted(
+                &t,
+                &TierReplayOptions {
+                    budget,
+                    arena: *arena,
+                    predictive: *p,
+                    ..Default::default()
+                },
+            )?;
+            floor = r.peak_floor_overhead.max(r.link_floor_overhead);
+            sums[i + 1] += r.stall_overhead;
+            cells.push(if r.completed {
+                format!("{:.2}", r.stall_overhead)
+            } else {
+                "OOM".into()
+            });
+        }
+        sums[0] += floor;
+        n += 1;
+        println!("| {} | {:.2} | {} |", e.workload, floor, cells.join(" | "));
+    }
+    let means: Vec<String> = sums
+        .iter()
+        .map(|s| format!("{:.2}", s / n as f64))
+        .collect();
+    println!("| mean of {n} | {} |", means.join(" | "));
+    Ok(())
+}
