@@ -1,0 +1,630 @@
+"""``memcast_torch.offload`` (this module: ``memcast_torch.offloading``): train a larger batch than fits, by keeping, offloading or
+recomputing what each block saves for backward (see docs/oversubscription.md).
+
+Usage::
+
+    off = memcast_torch.offload(blocks, budget=24 << 30)   # blocks: modules run in a chain
+    for x, y in data:
+        loss = lossf(model(x), y)     # the blocks' forwards go through `off`
+        loss.backward()
+        opt.step(); opt.zero_grad(set_to_none=True)
+    print(off.stats())
+    off.remove()                      # or `with memcast_torch.offload(...) as off:`
+
+``blocks`` (an ``nn.Sequential`` or a list of modules) must run in order, each block's
+first argument being the previous block's first output, the other arguments the same
+for all blocks (a ``Sequential``'s children; GPT-2's ``transformer.h``). A forward of
+the first block with gradients enabled starts an iteration.
+
+Per input shape (the first block's tensor arguments), the first iteration:
+
+1. profiles each block once more in isolation (forward and backward timed with CUDA
+   events, the bytes it saves counted through ``saved_tensors_hooks``), restoring the
+   RNG and the blocks' buffers afterwards, so the training run is unchanged;
+2. checks the budget: the least peak any plan can have (``plan.min_peak``) above the
+   budget is a ``PlanError`` before the step runs;
+3. runs with every block recomputed (``torch.utils.checkpoint``, non-reentrant) and
+   measures its peak. From the second iteration on, the planner (``plan.make_plan``)
+   spends the measured headroom (``margin * budget`` minus that peak) on keeping and
+   offloading; a planned step that peaks above ``margin * budget`` re-plans with less.
+
+An offloaded block's saved tensors (parameters and tensors below ``min_bytes`` stay)
+are copied, whole storages, into memcast's pinned host pool on memcast's low-priority
+transfer stream; the device copy is released once the copy's event has completed
+(polled; the CPU waits only when more than ``spill_inflight`` bytes are in flight). In
+backward, spilled tensors are prefetched in the order the previous iteration used them
+(the first: reverse forward order) while the prefetched-and-unused bytes stay under
+``window``; the compute stream waits on a prefetch's event only when it uses it, and
+the time it waited is measured with timing events.
+"""
+
+import ctypes
+import json
+import time
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from . import plan as P
+
+_pools = {}
+
+
+def _lib():
+    from . import _load
+
+    lib = _load()
+    if not getattr(lib, "_offload_ready", False):
+        lib.memcast_host_pool_create.restype = ctypes.c_int
+        lib.memcast_host_pool_create.argtypes = [ctypes.c_int, ctypes.c_size_t]
+        lib.memcast_host_alloc.restype = ctypes.c_int
+        lib.memcast_host_alloc.argtypes = [
+            ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64)]
+        lib.memcast_host_release.restype = ctypes.c_int
+        lib.memcast_host_release.argtypes = [ctypes.c_int, ctypes.c_uint64]
+        lib.memcast_transfer_stream.restype = ctypes.c_void_p
+        lib.memcast_transfer_stream.argtypes = [ctypes.c_int]
+        lib.memcast_host_pool_stats.restype = ctypes.c_long
+        lib.memcast_host_pool_stats.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+        lib.memcast_host_pool_destroy.restype = ctypes.c_int
+        lib.memcast_host_pool_destroy.argtypes = [ctypes.c_int]
+        lib._offload_ready = True
+    return lib
+
+
+class HostPool(object):
+    """memcast's pinned host pool on one device (one ``cuMemHostAlloc``, sub-allocated)
+    and its low-priority transfer streams, shared by every ``offload`` of the process."""
+
+    def __init__(self, device, nbytes):
+        from . import MemcastError, last_error
+
+        self.device = device
+        self.lib = _lib()
+        t = time.perf_counter()
+        if self.lib.memcast_host_pool_create(device, nbytes) != 0:
+            raise MemcastError("pinned host pool of %d bytes: %s" % (nbytes, last_error()))
+        self.create_s = time.perf_counter() - t
+        self.size = nbytes
+        raw = [self.lib.memcast_transfer_stream(device) for _ in range(2)]
+        if not all(raw):
+            raise MemcastError("transfer stream: %s" % last_error())
+        dev = torch.device("cuda", device)
+        self.d2h = torch.cuda.ExternalStream(raw[0], device=dev)
+        self.h2d = torch.cuda.ExternalStream(raw[1], device=dev)
+        self.bw = self._measure()
+
+    def alloc(self, nbytes):
+        """A pinned uint8 tensor of ``nbytes`` and its address, or ``(None, 0)`` when full."""
+        from . import MemcastError, last_error
+
+        addr = ctypes.c_uint64(0)
+        rc = self.lib.memcast_host_alloc(self.device, nbytes, ctypes.byref(addr))
+        if rc == 1:
+            return None, 0
+        if rc != 0:
+            raise MemcastError("host pool: %s" % last_error())
+        buf = (ctypes.c_uint8 * nbytes).from_address(addr.value)
+        return torch.frombuffer(buf, dtype=torch.uint8), addr.value
+
+    def release(self, addr):
+        from . import MemcastError, last_error
+
+        if self.lib.memcast_host_release(self.device, addr) != 0:
+            raise MemcastError("host pool: %s" % last_error())
+
+    def stats(self):
+        from . import _text
+
+        s = _text(self.lib.memcast_host_pool_stats, self.device)
+        return json.loads(s) if s else {}
+
+    def _measure(self, nbytes=256 << 20):
+        """Measured bandwidth (bytes/s) of one copy each way between the pool and the
+        device (the planner's link figures)."""
+        host, addr = self.alloc(nbytes)
+        if host is None:
+            return None
+        dev = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", self.device))
+        out = {}
+        for name, stream, dst, src in (("d2h", self.d2h, host, dev), ("h2d", self.h2d, dev, host)):
+            for rep in range(2):
+                a = torch.cuda.Event(enable_timing=True)
+                b = torch.cuda.Event(enable_timing=True)
+                with torch.cuda.stream(stream):
+                    a.record()
+                    dst.copy_(src, non_blocking=True)
+                    b.record()
+                b.synchronize()
+                out[name] = nbytes / (a.elapsed_time(b) / 1e3)
+        del dev
+        self.release(addr)
+        return out
+
+
+def host_pool(device, nbytes):
+    """The process's pool on ``device``, created (or grown) to at least ``nbytes``."""
+    p = _pools.get(device)
+    if p is None or p.size < nbytes:
+        if p is not None and p.stats().get("ranges", 0):
+            raise RuntimeError("the pinned pool is in use and too small")
+        _pools.pop(device, None)
+        p = HostPool(device, nbytes)
+        _pools[device] = p
+    return p
+
+
+class _Spilled(object):
+    """A storage saved for backward and spilled to the host pool."""
+
+    __slots__ = ("dev", "nbytes", "host", "addr", "ev_out", "ev_in", "prefetched",
+                 "uses", "order", "consumed")
+
+    def __init__(self):
+        self.dev = None
+        self.prefetched = None
+        self.ev_in = None
+        self.uses = 0
+        self.consumed = False
+
+
+class _Shape(object):
+    """What offload knows about one input shape."""
+
+    def __init__(self):
+        self.prof = None
+        self.base = 0
+        self.modes = None
+        self.pred = None
+        self.calibrated = None   # (peak, base) of the all-recompute step
+        self.fixes = 0
+        self.needs_plan = False
+        self.headroom = None
+        self.order = None        # previous iteration's use order of spill ordinals
+
+
+class Offload(object):
+    def __init__(self, blocks, budget, host_bytes=8 << 30, margin=0.92, window=1 << 30,
+                 spill_inflight=4 << 30, min_bytes=1 << 20, modes=None, device=None):
+        self.blocks = list(blocks)
+        if not self.blocks:
+            raise ValueError("offload: no blocks")
+        if modes is not None:
+            modes = list(modes)
+            if len(modes) != len(self.blocks) or any(m not in P.MODES for m in modes):
+                raise ValueError("offload: modes must be one of %s per block" % (P.MODES,))
+        self.forced = modes
+        self.budget = int(budget)
+        self.margin = margin
+        self.window = int(window)
+        self.spill_inflight = int(spill_inflight)
+        self.min_bytes = int(min_bytes)
+        self.device = torch.cuda.current_device() if device is None else device
+        self.pool = host_pool(self.device, int(host_bytes))
+        bw = self.pool.bw or {}
+        self.link = P.Link(d2h=bw.get("d2h", 50e9), h2d=bw.get("h2d", 50e9),
+                           window=self.window, pool=int(host_bytes))
+        self.params = set()
+        for b in self.blocks:
+            for p in b.parameters():
+                self.params.add(p.data_ptr())
+        self.shapes = {}
+        self.shape = None
+        self.iteration = 0
+        self.modes = None
+        self.started = False
+        self._orig = []
+        self._reset_iteration()
+        self.history = []
+        for i, b in enumerate(self.blocks):
+            self._orig.append(b.forward)
+            b.forward = self._wrap(i, b.forward)
+
+    # ---- the wrapper -------------------------------------------------------------
+
+    def _wrap(self, i, fwd):
+        def forward(*args, **kwargs):
+            if not torch.is_grad_enabled():
+                return fwd(*args, **kwargs)
+            if i == 0:
+                self._begin(fwd, args, kwargs)
+            if self.modes is None:
+                return fwd(*args, **kwargs)
+            if self.inflight:
+                self._poll_spills()
+            mode = self.modes[i]
+            if mode == P.RECOMPUTE:
+                out = checkpoint(fwd, *args, use_reentrant=False, **kwargs)
+            elif mode == P.OFFLOAD:
+                with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                    out = fwd(*args, **kwargs)
+            else:
+                out = fwd(*args, **kwargs)
+            if P.OFFLOAD in self.modes:
+                self._on_backward(out)
+            return out
+
+        return forward
+
+    def _on_backward(self, out):
+        """Prefetching follows the backward from block to block: a hook on the block's
+        output runs when backward reaches the block."""
+        o = out
+        while isinstance(o, (tuple, list)) and o:
+            o = o[0]
+        if torch.is_tensor(o) and o.requires_grad:
+            o.register_hook(self._grad_hook)
+
+    def _grad_hook(self, grad):
+        self._poll_spills()
+        self._prefetch_ahead()
+        self._drain(block=False)
+        return None
+
+    def flush(self):
+        """Ends the current iteration now (its figures go to ``history`` and
+        ``stats()``); the next forward of the first block starts a new one."""
+        self._end_iteration()
+
+    def remove(self):
+        """Restores the blocks' forwards and releases what is still held."""
+        self._end_iteration()
+        for b, f in zip(self.blocks, self._orig):
+            b.forward = f
+        self._drain(block=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+    # ---- iterations --------------------------------------------------------------
+
+    def _reset_iteration(self):
+        self.spilled = []        # _Spilled in pack order
+        self.by_storage = {}
+        self.inflight = []       # spills whose copy has not been seen complete
+        self.to_release = []     # (event, addr) host ranges to give back
+        self.waits = []          # (start, end) timing events around compute waits
+        self.use_order = []
+        self.next_prefetch = 0
+        self.prefetched_unused = 0
+        self.it = {"spilled_bytes": 0, "prefetched_bytes": 0, "demand_bytes": 0,
+                   "kept_small_bytes": 0, "pool_full_bytes": 0, "host_wait_s": 0.0,
+                   "spills": 0}
+
+    def _sig(self, args, kwargs):
+        sig = []
+        for a in list(args) + list(kwargs.values()):
+            if torch.is_tensor(a):
+                sig.append((tuple(a.shape), str(a.dtype)))
+        return tuple(sig)
+
+    def _begin(self, fwd, args, kwargs):
+        """Start of an iteration (the first block's forward)."""
+        self._end_iteration()
+        self.iteration += 1
+        sig = self._sig(args, kwargs)
+        sh = self.shapes.get(sig)
+        if sh is None:
+            sh = self.shapes[sig] = _Shape()
+            self._profile(sh, fwd, args, kwargs)
+        self.shape = sh
+        base = torch.cuda.memory_allocated(self.device)
+        if self.forced is not None:
+            sh.modes = list(self.forced)
+        elif sh.calibrated is None:
+            sh.modes = [P.RECOMPUTE] * len(self.blocks)
+            sh.calibrated = "pending"
+        elif sh.needs_plan:
+            # The calibration step's peak, plus what the step left allocated beyond
+            # its start (the optimizer's state, created by its first step).
+            sh.needs_plan = False
+            peak, cal_base = sh.calibrated
+            self._plan(sh, self.margin * self.budget - peak - max(0, base - cal_base))
+        self.modes = sh.modes
+        self.it_base = base
+        self.it_shape = sh
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.it_retries = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
+        self.started = True
+
+    def _end_iteration(self):
+        if not self.started:
+            return
+        self.started = False
+        sh = self.it_shape
+        peak = torch.cuda.max_memory_allocated(self.device)
+        retries = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0) - self.it_retries
+        rec = dict(self.it)
+        rec["alloc_retries"] = retries
+        rec["peak_reserved"] = torch.cuda.max_memory_reserved(self.device)
+        rec.update({"iteration": self.iteration, "peak_allocated": peak,
+                    "modes": list(self.modes),
+                    "recomputed_bytes": sum(p.saved for p, m in zip(sh.prof, self.modes)
+                                            if m == P.RECOMPUTE)})
+        sh.order = [s.order for s in self.use_order] or None
+        # What backward did not use: drop the device copies (a copy still in flight
+        # keeps its memory through record_stream), give the host ranges back once
+        # their copies completed.
+        for s in self.spilled:
+            if s.dev is not None and not s.ev_out.query():
+                s.dev.record_stream(self.pool.d2h)
+            s.dev = None
+            if s.prefetched is not None and not s.ev_in.query():
+                s.prefetched.record_stream(self.pool.h2d)
+            s.prefetched = None
+            if s.addr:
+                self.to_release.append((s.ev_in or s.ev_out, s.addr))
+                s.addr = 0
+            s.host = None
+        self._drain(block=False)
+        rec["_waits"] = self.waits
+        self.history.append(rec)
+        target = self.margin * self.budget
+        if self.forced is None:
+            if sh.calibrated == "pending":
+                sh.calibrated = (peak, self.it_base)
+                sh.needs_plan = True
+            elif (peak > target or retries) and sh.fixes < 3:
+                # Over the target, or the caching allocator hit the device cap (it then
+                # frees its cache and retries, synchronizing): plan with less.
+                sh.fixes += 1
+                sh.headroom -= max(0, peak - target) + 0.04 * self.budget
+                self._plan(sh, sh.headroom)
+        self._reset_iteration()
+
+    def _plan(self, sh, headroom):
+        sh.headroom = headroom
+        if headroom < 0:
+            sh.modes = [P.RECOMPUTE] * len(self.blocks)
+            sh.pred = P.simulate(sh.prof, sh.modes, self.link)
+            return
+        sh.modes, sh.pred = P.make_plan(sh.prof, headroom, self.link,
+                                        min_offload_bytes=self.min_bytes)
+
+    # ---- profile -----------------------------------------------------------------
+
+    def _profile(self, sh, fwd0, args, kwargs):
+        dev = self.device
+        cpu_rng = torch.get_rng_state()
+        gpu_rng = torch.cuda.get_rng_state(dev)
+        bufs = [(b, n, t.detach().clone()) for blk in self.blocks
+                for n, t in blk.named_buffers(recurse=True) for b in [blk]]
+        base = torch.cuda.memory_allocated(dev)
+        prof = []
+        x = args[0]
+        rest = args[1:]
+        for i, blk in enumerate(self.blocks):
+            fwd = self._orig[i]
+            xi = x.detach().requires_grad_(x.is_floating_point())
+            seen = {}
+
+            def pack(t, seen=seen):
+                if t.data_ptr() not in self.params:
+                    st = t.untyped_storage()
+                    seen[st.data_ptr()] = st.nbytes()
+                return t
+
+            times = []
+            for rep in range(2):
+                seen.clear()
+                e = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+                e[0].record()
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    out = fwd(xi, *rest, **kwargs)
+                e[1].record()
+                o = out[0] if isinstance(out, (tuple, list)) else out
+                ins = [xi] if xi.requires_grad else []
+                ins += [p for p in blk.parameters() if p.requires_grad]
+                if o.requires_grad and ins:
+                    torch.autograd.grad(o, ins, torch.ones_like(o), allow_unused=True)
+                e[2].record()
+                e[2].synchronize()
+                times.append((e[0].elapsed_time(e[1]) / 1e3, e[1].elapsed_time(e[2]) / 1e3))
+                nxt = o.detach()
+                del out, o
+            saved = sum(seen.values())
+            inp = x.untyped_storage().nbytes() if torch.is_tensor(x) else 0
+            prof.append(P.BlockProfile(times[-1][0], times[-1][1], saved, inp))
+            x = nxt
+        del x, nxt
+        for blk, n, t in bufs:
+            mod, _, leaf = n.rpartition(".")
+            owner = blk.get_submodule(mod) if mod else blk
+            getattr(owner, leaf).copy_(t)
+        torch.set_rng_state(cpu_rng)
+        torch.cuda.set_rng_state(gpu_rng, dev)
+        sh.prof = prof
+        sh.base = base
+        need = P.min_peak(base, prof)
+        if need > self.budget:
+            raise P.PlanError(
+                "offload: the budget of %.2f GB is too small for any plan: the blocks "
+                "alone need at least %.2f GB (%.2f GB allocated before them, %.2f GB of "
+                "block inputs kept for recomputation, %.2f GB for the largest block "
+                "recomputed in backward)" % (
+                    self.budget / 1e9, need / 1e9, base / 1e9,
+                    sum(p.inp for p in prof) / 1e9, max(p.saved for p in prof) / 1e9))
+
+    # ---- spill and prefetch ----------------------------------------------------------
+
+    def _pack(self, t):
+        if (not t.is_cuda or t.data_ptr() in self.params
+                or t.untyped_storage().nbytes() < self.min_bytes):
+            self.it["kept_small_bytes"] += t.untyped_storage().nbytes() if t.is_cuda else 0
+            return t
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        s = self.by_storage.get(key)
+        if s is None:
+            s = self._spill(t, st)
+            if s is None:
+                return t
+            self.by_storage[key] = s
+        s.uses += 1
+        return (s, t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+
+    def _spill(self, t, st):
+        n = st.nbytes()
+        self._poll_spills()
+        while self.inflight and sum(s.nbytes for s in self.inflight) + n > self.spill_inflight:
+            w = time.perf_counter()
+            self.inflight[0].ev_out.synchronize()
+            self.it["host_wait_s"] += time.perf_counter() - w
+            self._poll_spills()
+        host, addr = self.pool.alloc(n)
+        if host is None:
+            self.it["pool_full_bytes"] += n
+            return None
+        s = _Spilled()
+        s.nbytes, s.host, s.addr = n, host, addr
+        s.order = len(self.spilled)
+        src = torch.empty(0, dtype=torch.uint8, device=t.device).set_(st)
+        ready = torch.cuda.Event()
+        ready.record()
+        with torch.cuda.stream(self.pool.d2h):
+            self.pool.d2h.wait_event(ready)
+            host.copy_(src, non_blocking=True)
+            s.ev_out = torch.cuda.Event()
+            s.ev_out.record()
+        s.dev = src   # held until the copy completed, then released
+        self.spilled.append(s)
+        self.inflight.append(s)
+        self.it["spilled_bytes"] += n
+        self.it["spills"] += 1
+        return s
+
+    def _poll_spills(self):
+        while self.inflight and self.inflight[0].ev_out.query():
+            self.inflight.pop(0).dev = None
+
+    def _forecast(self):
+        sh = self.it_shape
+        if sh.order and len(sh.order) == len(self.spilled):
+            return sh.order
+        return list(range(len(self.spilled) - 1, -1, -1))
+
+    def _fetch(self, s):
+        """Issues the host-to-device copy of ``s`` on the transfer stream."""
+        cur = torch.cuda.current_stream()
+        dst = torch.empty(s.nbytes, dtype=torch.uint8, device=torch.device("cuda", self.device))
+        ready = torch.cuda.Event()
+        ready.record(cur)
+        with torch.cuda.stream(self.pool.h2d):
+            self.pool.h2d.wait_event(s.ev_out)
+            self.pool.h2d.wait_event(ready)
+            dst.copy_(s.host, non_blocking=True)
+            s.ev_in = torch.cuda.Event()
+            s.ev_in.record()
+        s.prefetched = dst
+        return dst
+
+    def _prefetch_ahead(self):
+        order = self._forecast()
+        while self.next_prefetch < len(order):
+            s = self.spilled[order[self.next_prefetch]]
+            if s.consumed or s.prefetched is not None:
+                self.next_prefetch += 1
+                continue
+            if self.prefetched_unused and self.prefetched_unused + s.nbytes > self.window:
+                break
+            self._fetch(s)
+            self.prefetched_unused += s.nbytes
+            self.it["prefetched_bytes"] += s.nbytes
+            self.next_prefetch += 1
+
+    def _unpack(self, packed):
+        if torch.is_tensor(packed):
+            return packed
+        s, dtype, off, shape, stride = packed
+        if s.host is None:
+            raise RuntimeError(
+                "memcast offload: a spilled tensor was unpacked after its last use "
+                "(retain_graph / double backward is not supported in offloaded blocks)")
+        if s.prefetched is None:
+            self._fetch(s)
+            self.it["demand_bytes"] += s.nbytes
+        elif not s.consumed:
+            self.prefetched_unused -= s.nbytes
+        if not s.consumed:
+            s.consumed = True
+            self.use_order.append(s)
+        self._prefetch_ahead()
+        cur = torch.cuda.current_stream()
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record(cur)
+        cur.wait_event(s.ev_in)
+        b.record(cur)
+        self.waits.append((a, b))
+        dst = s.prefetched
+        s.uses -= 1
+        if s.uses == 0:
+            self.to_release.append((s.ev_in, s.addr))
+            s.addr = 0
+            s.prefetched = None
+            s.host = None
+        self._poll_spills()
+        self._drain(block=False)
+        return torch.empty(0, dtype=dtype, device=dst.device).set_(
+            dst.untyped_storage(), off, shape, stride)
+
+    def _drain(self, block):
+        keep = []
+        for ev, addr in self.to_release:
+            if not addr:
+                continue
+            if ev is None or block or ev.query():
+                if ev is not None and block:
+                    ev.synchronize()
+                self.pool.release(addr)
+            else:
+                keep.append((ev, addr))
+        self.to_release = keep
+
+    @staticmethod
+    def _resolve(rec):
+        """Turns an iteration's timing events into ``compute_wait_s`` (waits for the
+        events: done lazily, when the figures are asked for)."""
+        waits = rec.pop("_waits", None)
+        if waits is not None:
+            total = 0.0
+            for a, b in waits:
+                b.synchronize()
+                total += a.elapsed_time(b) / 1e3
+            rec["compute_wait_s"] = total
+            rec["waits"] = len(waits)
+        return rec
+
+    def iterations(self):
+        """The figures of every completed iteration (a list of dicts)."""
+        return [self._resolve(r) for r in self.history]
+
+    # ---- reporting -----------------------------------------------------------------
+
+    def stats(self):
+        """The last completed iteration's figures (bytes spilled, prefetched ahead,
+        fetched on demand, saved bytes of recomputed blocks, compute-stream wait, peak
+        allocated), the plan and its prediction, and the host pool's figures."""
+        last = self._resolve(self.history[-1]) if self.history else {}
+        sh = self.shape
+        return {
+            "last": last,
+            "modes": list(self.modes) if getattr(self, "modes", None) else None,
+            "predicted": sh.pred if sh else None,
+            "headroom": getattr(sh, "headroom", None) if sh else None,
+            "profile": [p.as_dict() for p in sh.prof] if sh and sh.prof else None,
+            "link": {"d2h": self.link.d2h, "h2d": self.link.h2d},
+            "pool": self.pool.stats(),
+            "pool_create_s": self.pool.create_s,
+        }
+
+
+def offload(blocks, budget, **kw):
+    """Keeps, offloads or recomputes what ``blocks`` save for backward so that a step
+    fits ``budget`` device bytes; see the module docs. Returns an ``Offload`` (also a
+    context manager: leaving it restores the blocks)."""
+    return Offload(blocks, budget, **kw)

@@ -1,0 +1,77 @@
+"""The offload planner (pure Python: runs without a GPU, and without torch)."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from memcast_torch import plan as P  # noqa: E402
+
+GB = 10**9
+
+
+def chain(n=20, fwd=0.004, saved=1 * GB, inp=0.1 * GB):
+    return [P.BlockProfile(fwd, 2 * fwd, saved, inp) for _ in range(n)]
+
+
+def test_no_headroom_recomputes_everything_and_negative_is_an_error():
+    prof = chain()
+    link = P.Link(window=1 << 30, pool=64 << 30)
+    modes, sim = P.make_plan(prof, 0, link)
+    assert modes == [P.RECOMPUTE] * len(prof)
+    assert sim["recompute_s"] == pytest.approx(sum(p.fwd for p in prof))
+    with pytest.raises(P.PlanError, match="no plan fits"):
+        P.make_plan(prof, -1, link)
+
+
+def test_ample_headroom_keeps_everything():
+    prof = chain()
+    modes, sim = P.make_plan(prof, 100 * GB, P.Link(pool=64 << 30))
+    assert modes == [P.KEEP] * len(prof)
+    assert sim["step_s"] == pytest.approx(sum(p.fwd + p.bwd for p in prof))
+
+
+def test_offload_only_what_the_link_hides():
+    # 20 blocks of 4 ms forward, 8 ms backward, 1 GB saved: the forward (80 ms) hides
+    # about 4 GB of spills at 50 GB/s; little headroom beyond the window.
+    prof = chain()
+    link = P.Link(d2h=50e9, h2d=50e9, window=1 << 30, pool=64 << 30)
+    modes, sim = P.make_plan(prof, 1.2 * GB, link)
+    n_off = modes.count(P.OFFLOAD)
+    assert 2 <= n_off <= 5, modes
+    assert modes[0] == P.OFFLOAD, "the earliest block has the most time to leave"
+    assert modes[-1] != P.OFFLOAD, "the last block is needed first in backward"
+    assert sim["stall_s"] < 0.1 * sim["step_s"]
+    assert sim["extra"] <= 1.2 * GB
+    everything = P.simulate(prof, [P.OFFLOAD] * len(prof), link)
+    assert everything["step_s"] > sim["step_s"], "offloading all of it cannot be hidden"
+
+
+def test_the_pool_bounds_what_is_offloaded():
+    prof = chain()
+    link = P.Link(window=1 << 30, pool=int(2.5 * GB))
+    modes, sim = P.make_plan(prof, 1.2 * GB, link)
+    assert sim["offloaded"] <= 2.5 * GB and modes.count(P.OFFLOAD) <= 2
+
+
+def test_keep_prefers_blocks_with_the_most_recompute_per_byte():
+    prof = [P.BlockProfile(0.001, 0.002, 2 * GB, 0), P.BlockProfile(0.010, 0.02, 1 * GB, 0)]
+    link = P.Link(d2h=1e6, h2d=1e6, pool=0)  # no useful link: offload never pays
+    modes, _ = P.make_plan(prof, 1.5 * GB, link)
+    assert modes == [P.RECOMPUTE, P.KEEP]
+
+
+def test_simulated_stall_grows_when_the_link_is_slow():
+    prof = chain(n=6)
+    modes = [P.OFFLOAD] + [P.KEEP] * 5
+    fast = P.simulate(prof, modes, P.Link(d2h=100e9, h2d=100e9))
+    slow = P.simulate(prof, modes, P.Link(d2h=5e9, h2d=5e9))
+    assert fast["stall_s"] == 0
+    assert slow["stall_s"] > 0.1 and slow["undrained"] == 1 * GB
+
+
+def test_min_peak():
+    prof = chain(n=3, saved=2 * GB, inp=1 * GB)
+    assert P.min_peak(5, prof) == 5 + 3 * GB + 2 * GB
