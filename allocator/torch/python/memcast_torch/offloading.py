@@ -158,7 +158,7 @@ class _Spilled(object):
     """A storage saved for backward and spilled to the host pool."""
 
     __slots__ = ("dev", "nbytes", "host", "addr", "ev_out", "ev_in", "prefetched",
-                 "uses", "order", "consumed")
+                 "uses", "order", "consumed", "key", "block")
 
     def __init__(self):
         self.dev = None
@@ -180,12 +180,17 @@ class _Shape(object):
         self.fixes = 0
         self.needs_plan = False
         self.headroom = None
+        self.grows = 0
+        self.calibrating = False
+        self.mem_bwd = {}
+        self.freed = None
         self.order = None        # previous iteration's use order of spill ordinals
 
 
 class Offload(object):
-    def __init__(self, blocks, budget, host_bytes=8 << 30, margin=0.92, window=1 << 30,
-                 spill_inflight=4 << 30, min_bytes=1 << 20, modes=None, device=None):
+    def __init__(self, blocks, budget, host_bytes=8 << 30, margin=0.92, window=6 << 30,
+                 spill_inflight=4 << 30, min_bytes=1 << 20, modes=None, device=None,
+                 verbose=None):
         self.blocks = list(blocks)
         if not self.blocks:
             raise ValueError("offload: no blocks")
@@ -194,12 +199,17 @@ class Offload(object):
             if len(modes) != len(self.blocks) or any(m not in P.MODES for m in modes):
                 raise ValueError("offload: modes must be one of %s per block" % (P.MODES,))
         self.forced = modes
+        if verbose is None:
+            import os
+            verbose = bool(os.environ.get("MEMCAST_OFFLOAD_VERBOSE"))
+        self.verbose = verbose
         self.budget = int(budget)
         self.margin = margin
         self.window = int(window)
         self.spill_inflight = int(spill_inflight)
         self.min_bytes = int(min_bytes)
         self.device = torch.cuda.current_device() if device is None else device
+        self.torch_device = torch.device("cuda", self.device)
         self.pool = host_pool(self.device, int(host_bytes))
         bw = self.pool.bw or {}
         self.link = P.Link(d2h=bw.get("d2h", 50e9), h2d=bw.get("h2d", 50e9),
@@ -213,6 +223,7 @@ class Offload(object):
         self.iteration = 0
         self.modes = None
         self.started = False
+        self.it_shape = None
         self._orig = []
         self._reset_iteration()
         self.history = []
@@ -236,29 +247,36 @@ class Offload(object):
             if mode == P.RECOMPUTE:
                 out = checkpoint(fwd, *args, use_reentrant=False, **kwargs)
             elif mode == P.OFFLOAD:
+                self.cur_block = i
                 with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
                     out = fwd(*args, **kwargs)
             else:
                 out = fwd(*args, **kwargs)
-            if P.OFFLOAD in self.modes:
-                self._on_backward(out)
+            if self.spilled or self.it_shape.calibrating:
+                self._on_backward(out, i)
             return out
 
         return forward
 
-    def _on_backward(self, out):
+    def _on_backward(self, out, i):
         """Prefetching follows the backward from block to block: a hook on the block's
-        output runs when backward reaches the block."""
+        output runs when backward reaches the block (in the calibration step it
+        measures the memory allocated there)."""
         o = out
         while isinstance(o, (tuple, list)) and o:
             o = o[0]
         if torch.is_tensor(o) and o.requires_grad:
-            o.register_hook(self._grad_hook)
+            o.register_hook(lambda grad: self._grad_hook(i))
 
-    def _grad_hook(self, grad):
-        self._poll_spills()
-        self._prefetch_ahead()
-        self._drain(block=False)
+    def _grad_hook(self, i):
+        sh = self.it_shape
+        if sh.calibrating:
+            sh.mem_bwd[i] = torch.cuda.memory_allocated(self.device)
+        self.bwd_block = i
+        if self.spilled:
+            self._poll_spills()
+            self._prefetch_ahead()
+            self._drain(block=False)
         return None
 
     def flush(self):
@@ -289,6 +307,8 @@ class Offload(object):
         self.to_release = []     # (event, addr) host ranges to give back
         self.waits = []          # (start, end) timing events around compute waits
         self.use_order = []
+        self.bwd_block = len(self.blocks)
+        self.cur_block = 0
         self.next_prefetch = 0
         self.prefetched_unused = 0
         self.it = {"spilled_bytes": 0, "prefetched_bytes": 0, "demand_bytes": 0,
@@ -318,13 +338,17 @@ class Offload(object):
         elif sh.calibrated is None:
             sh.modes = [P.RECOMPUTE] * len(self.blocks)
             sh.calibrated = "pending"
+            sh.calibrating = True
         elif sh.needs_plan:
             # The calibration step's peak, plus what the step left allocated beyond
             # its start (the optimizer's state, created by its first step).
             sh.needs_plan = False
             peak, cal_base = sh.calibrated
-            self._plan(sh, self.margin * self.budget - peak - max(0, base - cal_base))
+            full = self.margin * self.budget - peak - max(0, base - cal_base)
+            # The first plan spends half of it; the next ones correct from measured peaks.
+            self._plan(sh, full / 2 if full > 0 else full)
         self.modes = sh.modes
+        self.issue = P.issue_blocks(sh.prof, self.modes, self.link)
         self.it_base = base
         self.it_shape = sh
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -363,27 +387,49 @@ class Offload(object):
         self._drain(block=False)
         rec["_waits"] = self.waits
         self.history.append(rec)
+        if self.verbose:
+            import sys
+            print("memcast offload: iteration %d: %s, peak allocated %.2f GB, reserved %.2f "
+                  "GB, retries %d, spilled %.2f GB" % (
+                      self.iteration, {m: rec["modes"].count(m) for m in P.MODES},
+                      peak / 1e9, rec["peak_reserved"] / 1e9, retries,
+                      rec["spilled_bytes"] / 1e9), file=sys.stderr, flush=True)
         target = self.margin * self.budget
         if self.forced is None:
             if sh.calibrated == "pending":
                 sh.calibrated = (peak, self.it_base)
+                sh.calibrating = False
+                sh.freed = [peak - sh.mem_bwd[b] if b in sh.mem_bwd else None
+                            for b in range(len(self.blocks))]
                 sh.needs_plan = True
             elif (peak > target or retries) and sh.fixes < 3:
                 # Over the target, or the caching allocator hit the device cap (it then
                 # frees its cache and retries, synchronizing): plan with less.
                 sh.fixes += 1
-                sh.headroom -= max(0, peak - target) + 0.04 * self.budget
+                sh.headroom = sh.pred["extra"] - max(0, peak - target) - 0.04 * self.budget
                 self._plan(sh, sh.headroom)
+            elif (sh.grows < 2 and sh.fixes == 0 and sh.headroom is not None
+                  and target - peak > 0.03 * self.budget):
+                # Below the target: the measured room (90% of it) goes to the next plan.
+                sh.grows += 1
+                self._plan(sh, sh.pred["extra"] + 0.9 * (target - peak))
         self._reset_iteration()
 
     def _plan(self, sh, headroom):
         sh.headroom = headroom
         if headroom < 0:
             sh.modes = [P.RECOMPUTE] * len(self.blocks)
-            sh.pred = P.simulate(sh.prof, sh.modes, self.link)
+            sh.pred = P.simulate(sh.prof, sh.modes, self.link, sh.freed)
             return
         sh.modes, sh.pred = P.make_plan(sh.prof, headroom, self.link,
-                                        min_offload_bytes=self.min_bytes)
+                                        min_offload_bytes=self.min_bytes, freed=sh.freed)
+        if self.verbose:
+            import sys
+            print("memcast offload: plan for headroom %.2f GB: %s, predicted blocks %.4f s, "
+                  "stall %.4f s, extra %.2f GB" % (
+                      headroom / 1e9, {m: sh.modes.count(m) for m in P.MODES},
+                      sh.pred["step_s"], sh.pred["stall_s"], sh.pred["extra"] / 1e9),
+                  file=sys.stderr, flush=True)
 
     # ---- profile -----------------------------------------------------------------
 
@@ -399,7 +445,6 @@ class Offload(object):
         rest = args[1:]
         for i, blk in enumerate(self.blocks):
             fwd = self._orig[i]
-            xi = x.detach().requires_grad_(x.is_floating_point())
             seen = {}
 
             def pack(t, seen=seen):
@@ -410,6 +455,10 @@ class Offload(object):
 
             times = []
             for rep in range(2):
+                leaf = x.detach().requires_grad_(x.is_floating_point())
+                # Not a leaf itself, and fresh each time: a block may begin in place
+                # (ReLU(inplace=True)).
+                xi = leaf.clone() if leaf.requires_grad else leaf
                 seen.clear()
                 e = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
                 e[0].record()
@@ -417,7 +466,7 @@ class Offload(object):
                     out = fwd(xi, *rest, **kwargs)
                 e[1].record()
                 o = out[0] if isinstance(out, (tuple, list)) else out
-                ins = [xi] if xi.requires_grad else []
+                ins = [leaf] if leaf.requires_grad else []
                 ins += [p for p in blk.parameters() if p.requires_grad]
                 if o.requires_grad and ins:
                     torch.autograd.grad(o, ins, torch.ones_like(o), allow_unused=True)
@@ -425,12 +474,15 @@ class Offload(object):
                 e[2].synchronize()
                 times.append((e[0].elapsed_time(e[1]) / 1e3, e[1].elapsed_time(e[2]) / 1e3))
                 nxt = o.detach()
-                del out, o
+                del out, o, xi, leaf
             saved = sum(seen.values())
             inp = x.untyped_storage().nbytes() if torch.is_tensor(x) else 0
             prof.append(P.BlockProfile(times[-1][0], times[-1][1], saved, inp))
             x = nxt
         del x, nxt
+        # The profile's blocks stay in PyTorch's cache; give them back so that the
+        # training steps do not find the cache fragmented by them.
+        torch.cuda.empty_cache()
         for blk, n, t in bufs:
             mod, _, leaf = n.rpartition(".")
             owner = blk.get_submodule(mod) if mod else blk
@@ -452,9 +504,10 @@ class Offload(object):
     # ---- spill and prefetch ----------------------------------------------------------
 
     def _pack(self, t):
-        if (not t.is_cuda or t.data_ptr() in self.params
-                or t.untyped_storage().nbytes() < self.min_bytes):
-            self.it["kept_small_bytes"] += t.untyped_storage().nbytes() if t.is_cuda else 0
+        if t.device != self.torch_device or t.data_ptr() in self.params:
+            return t
+        if t.untyped_storage().nbytes() < self.min_bytes:
+            self.it["kept_small_bytes"] += t.untyped_storage().nbytes()
             return t
         st = t.untyped_storage()
         key = st.data_ptr()
@@ -482,6 +535,8 @@ class Offload(object):
         s = _Spilled()
         s.nbytes, s.host, s.addr = n, host, addr
         s.order = len(self.spilled)
+        s.key = st.data_ptr()
+        s.block = self.cur_block
         src = torch.empty(0, dtype=torch.uint8, device=t.device).set_(st)
         ready = torch.cuda.Event()
         ready.record()
@@ -499,7 +554,15 @@ class Offload(object):
 
     def _poll_spills(self):
         while self.inflight and self.inflight[0].ev_out.query():
-            self.inflight.pop(0).dev = None
+            self._released(self.inflight.pop(0))
+
+    def _released(self, s):
+        """The spill's copy completed: its device copy is let go. Its storage may die
+        now and its address be reused, so later saves of that address are new spills
+        (a tensor is matched to a spill only while the spill holds it)."""
+        s.dev = None
+        if self.by_storage.get(s.key) is s:
+            del self.by_storage[s.key]
 
     def _forecast(self):
         sh = self.it_shape
@@ -510,7 +573,7 @@ class Offload(object):
     def _fetch(self, s):
         """Issues the host-to-device copy of ``s`` on the transfer stream."""
         cur = torch.cuda.current_stream()
-        dst = torch.empty(s.nbytes, dtype=torch.uint8, device=torch.device("cuda", self.device))
+        dst = torch.empty(s.nbytes, dtype=torch.uint8, device=self.torch_device)
         ready = torch.cuda.Event()
         ready.record(cur)
         with torch.cuda.stream(self.pool.h2d):
@@ -523,12 +586,17 @@ class Offload(object):
         return dst
 
     def _prefetch_ahead(self):
+        """Prefetches, in the forecast order, the spills whose block's issue point
+        (``plan.issue_blocks``) backward has reached, while the prefetched-and-unused
+        bytes stay under the window."""
         order = self._forecast()
         while self.next_prefetch < len(order):
             s = self.spilled[order[self.next_prefetch]]
             if s.consumed or s.prefetched is not None:
                 self.next_prefetch += 1
                 continue
+            if self.issue.get(s.block, s.block) < self.bwd_block:
+                break
             if self.prefetched_unused and self.prefetched_unused + s.nbytes > self.window:
                 break
             self._fetch(s)

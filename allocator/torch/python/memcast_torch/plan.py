@@ -7,17 +7,20 @@ Pure Python (no torch), so it can be tested anywhere. Inputs:
   input (``inp``: what recomputation keeps, as ``torch.utils.checkpoint`` does);
 - ``headroom``: device bytes the plan may add on top of the all-recompute plan (measured:
   the peak of a step with every block recomputed, against the budget);
-- the link: bandwidth each way (bytes/s), the prefetch window (bytes) and the pinned pool.
+- the link: bandwidth each way (bytes/s, measured on the pool), the prefetch window
+  (a cap on prefetched-and-unused bytes, enforced at run time) and the pinned pool.
 
 Costs relative to recomputing a block (the plan every budget-feasible run starts from):
 
 - keep: no time, ``saved - inp`` more bytes at the end of the forward (the peak);
 - offload: no recomputation; its saved tensors leave on the device-to-host link as the
   block runs, serially in forward order, and come back host-to-device in the order
-  backward needs them, each as soon as the prefetch window has room; a block waits for
-  its tensors (``stall``) when the link has not brought them in time. Bytes whose spill
-  has not completed by the end of the forward are still on the device at the peak, and
-  the window is reserved on top;
+  backward needs them, each issued as late as still hides the copy (``issue_blocks``),
+  so that it lands when backward has freed memory; a block waits for its tensors
+  (``stall``) when the link has not brought them in time. Bytes whose spill has not
+  completed by the end of the forward are still on the device at the peak; at each
+  prefetch's issue the bytes in flight count against what backward has freed by then
+  (measured in the all-recompute step, ``freed``);
 - recompute: the block's forward again in backward.
 
 ``simulate`` predicts one step of a plan; ``make_plan`` chooses greedily: blocks are
@@ -65,19 +68,49 @@ class Link(object):
         self.pool = int(pool)
 
 
-def _extra_bytes(prof, modes, undrained, link):
-    keep = sum(max(0, p.saved - p.inp) for p, m in zip(prof, modes) if m == KEEP)
-    off = [p.saved for p, m in zip(prof, modes) if m == OFFLOAD]
-    window = max([link.window] + off) if off else 0
-    return keep + undrained + window
+LEAD = 1.5
+"""A prefetch is issued when the backward still has ``LEAD`` times its copy's time to
+run before the block needs it (measured backward and recompute times)."""
 
 
-def simulate(prof, modes, link):
+def issue_blocks(prof, modes, link):
+    """For each offloaded block ``j``: the block at whose backward start its tensors
+    are prefetched: the nearest ``k > j`` such that the backward from ``k`` down to
+    ``j + 1`` takes ``LEAD`` times the copy back (as late as hides it, so that
+    the prefetched bytes arrive when backward has freed memory), else the last block."""
+    n = len(prof)
+    out = {}
+    for j in range(n):
+        if modes[j] != OFFLOAD:
+            continue
+        need = LEAD * prof[j].saved / link.h2d
+        acc = 0.0
+        k = n - 1
+        for m in range(j + 1, n):
+            acc += prof[m].bwd + (prof[m].fwd if modes[m] == RECOMPUTE else 0.0)
+            if acc >= need:
+                k = m
+                break
+        out[j] = max(k, j)
+    return out
+
+
+def _freed(prof, freed, b):
+    """Bytes below the all-recompute peak at block ``b``'s backward start: measured
+    (``freed``) or, without a measurement, the inputs of the blocks after it."""
+    if freed is not None and b < len(freed) and freed[b] is not None:
+        return freed[b]
+    return sum(p.inp for p in prof[b + 1:])
+
+
+def simulate(prof, modes, link, freed=None):
     """Predicted step of ``modes`` over ``prof``: a dict with ``step_s`` (forward +
     backward of the blocks), ``stall_s`` (waits for prefetches), ``recompute_s``,
     ``undrained`` (offloaded bytes still on the device at the end of the forward),
-    ``extra`` (bytes above the all-recompute plan at the peak), ``offloaded`` and
-    ``recomputed`` (saved bytes)."""
+    ``extra`` (bytes above the all-recompute plan's peak, the most of: the end of the
+    forward, and each prefetch's issue), ``offloaded`` and ``recomputed`` (saved bytes),
+    ``issue`` (``issue_blocks``). ``freed``: per block, the measured bytes below the
+    all-recompute peak at its backward start."""
     n = len(prof)
     t = 0.0
     d2h = 0.0
@@ -89,39 +122,42 @@ def simulate(prof, modes, link):
             spill_done[i] = d2h
     fwd_end = t
     undrained = sum(prof[i].saved for i, d in spill_done.items() if d > fwd_end)
+    issue = issue_blocks(prof, modes, link)
     h2d = fwd_end
-    consumed = []  # (time its device copy is freed, bytes) of earlier prefetches
+    arrive = {}
     stall = 0.0
     recompute = 0.0
     for i in reversed(range(n)):
         p = prof[i]
-        if modes[i] == OFFLOAD:
-            window = max(link.window, p.saved)
-            issue = fwd_end
-            # The window has room once enough earlier prefetches were consumed.
-            for when, _ in sorted(consumed):
-                if sum(b for w, b in consumed if w > issue) + p.saved <= window:
-                    break
-                issue = max(issue, when)
-            start = max(h2d, issue, spill_done[i])
-            h2d = start + p.saved / link.h2d
-            if h2d > t:
-                stall += h2d - t
-                t = h2d
+        for j in sorted((j for j, k in issue.items() if k == i), reverse=True):
+            start = max(h2d, t, spill_done[j])
+            h2d = start + prof[j].saved / link.h2d
+            arrive[j] = h2d
+        if modes[i] == OFFLOAD and arrive[i] > t:
+            stall += arrive[i] - t
+            t = arrive[i]
         if modes[i] == RECOMPUTE:
             t += p.fwd
             recompute += p.fwd
         t += p.bwd
-        if modes[i] == OFFLOAD:
-            consumed.append((t, p.saved))
+
+    def keep_extra(upto):
+        return sum(max(0, prof[m].saved - prof[m].inp)
+                   for m in range(min(upto + 1, n)) if modes[m] == KEEP)
+
+    extra = keep_extra(n - 1) + undrained
+    for j, k in issue.items():
+        inflight = sum(prof[i].saved for i, ki in issue.items() if ki >= k and i <= k)
+        extra = max(extra, keep_extra(k) + inflight - _freed(prof, freed, k))
     return {
         "step_s": t,
         "stall_s": stall,
         "recompute_s": recompute,
         "undrained": undrained,
-        "extra": _extra_bytes(prof, modes, undrained, link),
+        "extra": extra,
         "offloaded": sum(p.saved for p, m in zip(prof, modes) if m == OFFLOAD),
         "recomputed": sum(p.saved for p, m in zip(prof, modes) if m == RECOMPUTE),
+        "issue": issue,
     }
 
 
@@ -129,20 +165,20 @@ def _fits(sim, headroom, link):
     return sim["extra"] <= headroom and sim["offloaded"] <= link.pool
 
 
-def _offload_pass(prof, modes, headroom, link, min_bytes):
-    best = simulate(prof, modes, link)
+def _offload_pass(prof, modes, headroom, link, min_bytes, freed):
+    best = simulate(prof, modes, link, freed)
     for i, p in enumerate(prof):
         if modes[i] != RECOMPUTE or p.saved < min_bytes:
             continue
         trial = list(modes)
         trial[i] = OFFLOAD
-        s = simulate(prof, trial, link)
+        s = simulate(prof, trial, link, freed)
         if _fits(s, headroom, link) and s["step_s"] < best["step_s"]:
             modes, best = trial, s
     return modes
 
 
-def _keep_pass(prof, modes, headroom, link):
+def _keep_pass(prof, modes, headroom, link, freed):
     order = sorted(
         (i for i in range(len(prof)) if modes[i] == RECOMPUTE),
         key=lambda i: -prof[i].fwd / max(1, prof[i].saved - prof[i].inp),
@@ -150,28 +186,27 @@ def _keep_pass(prof, modes, headroom, link):
     for i in order:
         trial = list(modes)
         trial[i] = KEEP
-        if _fits(simulate(prof, trial, link), headroom, link):
+        if _fits(simulate(prof, trial, link, freed), headroom, link):
             modes = trial
     return modes
 
 
-def make_plan(prof, headroom, link, min_offload_bytes=16 << 20):
+def make_plan(prof, headroom, link, min_offload_bytes=16 << 20, freed=None):
     """The modes (one per block) of the fastest plan found within ``headroom`` bytes
-    above the all-recompute plan, and its prediction (``simulate``'s dict)."""
+    above the all-recompute plan's peak, and its prediction (``simulate``'s dict).
+    ``freed``: as in ``simulate``."""
     n = len(prof)
     base = [RECOMPUTE] * n
     if headroom < 0:
         raise PlanError(
             "no plan fits: recomputing every block already needs %.2f GB more than the "
             "budget allows" % (-headroom / 1e9))
-    candidates = []
-    a = _keep_pass(prof, _offload_pass(prof, base, headroom, link, min_offload_bytes),
-                   headroom, link)
-    candidates.append(a)
-    b = _offload_pass(prof, _keep_pass(prof, base, headroom, link), headroom, link,
-                      min_offload_bytes)
-    candidates.append(b)
-    sims = [simulate(prof, m, link) for m in candidates]
+    off_first = _offload_pass(prof, base, headroom, link, min_offload_bytes, freed)
+    a = _keep_pass(prof, off_first, headroom, link, freed)
+    b = _offload_pass(prof, _keep_pass(prof, base, headroom, link, freed), headroom, link,
+                      min_offload_bytes, freed)
+    candidates = [a, b]
+    sims = [simulate(prof, m, link, freed) for m in candidates]
     k = min(range(len(candidates)), key=lambda j: sims[j]["step_s"])
     return candidates[k], sims[k]
 
