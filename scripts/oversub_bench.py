@@ -10,7 +10,8 @@ Models (random data and weights, as in docs/oversubscription.md):
 Methods: uncapped (no cap: the compute-only ideal), native (capped), save_on_cpu
 (torch.autograd.graph.save_on_cpu(pin_memory=True), capped), checkpoint (ResNet:
 checkpoint_sequential 8 segments, use_reentrant=False; GPT-2:
-gradient_checkpointing_enable(); capped), memcast (memcast_torch.offload, capped).
+gradient_checkpointing_enable(); capped), memcast (memcast_torch.offload, capped),
+memcast_noseg (the same without merging recomputed blocks into segments).
 The cap: torch.cuda.set_per_process_memory_fraction(CAP / total), CAP = 24 GiB.
 Step = forward + backward + optimizer step, synchronized; median of TIMED steps after
 WARM warm-up steps (memcast's first steps profile, calibrate and plan: it gets
@@ -52,14 +53,14 @@ def resnet(batch, method):
     seq = torch.nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool,
                               *model.layer1, *model.layer2, *model.layer3, *model.layer4)
     off = None
-    if method == "memcast":
+    if method.startswith("memcast"):
         import memcast_torch as mt
         # Blocks: the stem (its ReLU works in place on the BatchNorm's output, so it
         # stays with it) and the 50 bottlenecks; the same modules as `seq`.
         stem = torch.nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool)
         seq = torch.nn.Sequential(stem, *model.layer1, *model.layer2, *model.layer3,
                                   *model.layer4)
-        off = mt.offload(seq, budget=CAP, host_bytes=HOST)
+        off = mt.offload(seq, budget=CAP, host_bytes=HOST, segments=method != "memcast_noseg")
 
     def fwd(x):
         if method == "checkpoint":
@@ -91,9 +92,10 @@ def gpt2(batch, method):
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     off = None
-    if method == "memcast":
+    if method.startswith("memcast"):
         import memcast_torch as mt
-        off = mt.offload(model.transformer.h, budget=CAP, host_bytes=HOST)
+        off = mt.offload(model.transformer.h, budget=CAP, host_bytes=HOST,
+                         segments=method != "memcast_noseg")
 
     def step():
         ids = torch.randint(0, 50257, (batch, 1024), device="cuda")
@@ -120,7 +122,7 @@ def measure(model, batch, method):
     capped = method != "uncapped"
     torch.cuda.set_per_process_memory_fraction(CAP / total if capped else 1.0)
     step = off = None
-    warm = MEMCAST_WARM if method == "memcast" else WARM
+    warm = MEMCAST_WARM if method.startswith("memcast") else WARM
     row = {"model": model, "batch": batch, "method": method, "cap_bytes": CAP if capped else None}
     t0 = time.perf_counter()
     try:

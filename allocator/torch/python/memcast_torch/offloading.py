@@ -190,7 +190,7 @@ class _Shape(object):
 class Offload(object):
     def __init__(self, blocks, budget, host_bytes=8 << 30, margin=0.92, window=6 << 30,
                  spill_inflight=4 << 30, min_bytes=1 << 20, modes=None, device=None,
-                 verbose=None):
+                 verbose=None, segments=True, segment_cap=None):
         self.blocks = list(blocks)
         if not self.blocks:
             raise ValueError("offload: no blocks")
@@ -218,6 +218,9 @@ class Offload(object):
         for b in self.blocks:
             for p in b.parameters():
                 self.params.add(p.data_ptr())
+        self.segments_on = segments
+        self.segment_cap = segment_cap
+        self.segs = {}
         self.shapes = {}
         self.shape = None
         self.iteration = 0
@@ -244,8 +247,17 @@ class Offload(object):
             if self.inflight:
                 self._poll_spills()
             mode = self.modes[i]
+            if mode == P.RECOMPUTE and i not in self.segs:
+                # Inside a segment recomputed as one: its first block ran it whole.
+                return self.seg_out
+            self.seg_out = None
+            last = i
             if mode == P.RECOMPUTE:
-                out = checkpoint(fwd, *args, use_reentrant=False, **kwargs)
+                last = self.segs[i]
+                run = fwd if last == i else self._segment(i, last)
+                out = checkpoint(run, *args, use_reentrant=False, **kwargs)
+                if last > i:
+                    self.seg_out = out
             elif mode == P.OFFLOAD:
                 self.cur_block = i
                 with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
@@ -253,10 +265,21 @@ class Offload(object):
             else:
                 out = fwd(*args, **kwargs)
             if self.spilled or self.it_shape.calibrating:
-                self._on_backward(out, i)
+                self._on_backward(out, last)
             return out
 
         return forward
+
+    def _segment(self, a, b):
+        """Blocks ``a`` to ``b`` as one function (for one checkpoint)."""
+        def run(x, *rest, **kwargs):
+            out = None
+            for m in range(a, b + 1):
+                out = self._orig[m](x, *rest, **kwargs)
+                x = out[0] if isinstance(out, (tuple, list)) else out
+            return out
+
+        return run
 
     def _on_backward(self, out, i):
         """Prefetching follows the backward from block to block: a hook on the block's
@@ -307,6 +330,7 @@ class Offload(object):
         self.to_release = []     # (event, addr) host ranges to give back
         self.waits = []          # (start, end) timing events around compute waits
         self.use_order = []
+        self.seg_out = None
         self.bwd_block = len(self.blocks)
         self.cur_block = 0
         self.next_prefetch = 0
@@ -332,6 +356,12 @@ class Offload(object):
             sh = self.shapes[sig] = _Shape()
             self._profile(sh, fwd, args, kwargs)
         self.shape = sh
+        if not self.segments_on:
+            self.link.segment_cap = 0
+        elif self.segment_cap is not None:
+            self.link.segment_cap = int(self.segment_cap)
+        else:
+            self.link.segment_cap = max(p.saved for p in sh.prof)
         base = torch.cuda.memory_allocated(self.device)
         if self.forced is not None:
             sh.modes = list(self.forced)
@@ -349,6 +379,10 @@ class Offload(object):
             self._plan(sh, full / 2 if full > 0 else full)
         self.modes = sh.modes
         self.issue = P.issue_blocks(sh.prof, self.modes, self.link)
+        # The calibration step recomputes block by block (its memory is measured per
+        # block); planned steps merge runs of recomputed blocks into segments.
+        cap = 0 if sh.calibrating else self.link.segment_cap
+        self.segs = P.segments(sh.prof, self.modes, cap)
         self.it_base = base
         self.it_shape = sh
         torch.cuda.reset_peak_memory_stats(self.device)

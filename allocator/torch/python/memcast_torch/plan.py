@@ -61,11 +61,37 @@ class Link(object):
     """The host link: bytes/s device-to-host and host-to-device (concurrently), the
     prefetch window (device bytes prefetched and not yet used) and the pinned pool."""
 
-    def __init__(self, d2h=50e9, h2d=50e9, window=2 << 30, pool=8 << 30):
+    def __init__(self, d2h=50e9, h2d=50e9, window=2 << 30, pool=8 << 30, segment_cap=0):
         self.d2h = float(d2h)
         self.h2d = float(h2d)
         self.window = int(window)
         self.pool = int(pool)
+        # Consecutive recomputed blocks whose saved bytes together stay under this are
+        # recomputed as one segment (0: never).
+        self.segment_cap = int(segment_cap)
+
+
+def segments(prof, modes, cap):
+    """Runs of consecutive recomputed blocks, each recomputed as one segment: a dict
+    first block -> last block. A segment keeps only its first block's input; its
+    recomputation in backward holds its blocks' saved bytes at once, so they stay
+    under ``cap`` (the largest single block's, by default: no larger than the
+    all-recompute step already held)."""
+    out = {}
+    n = len(prof)
+    i = 0
+    while i < n:
+        if modes[i] != RECOMPUTE:
+            i += 1
+            continue
+        j, total = i, prof[i].saved
+        while (cap and j + 1 < n and modes[j + 1] == RECOMPUTE
+               and total + prof[j + 1].saved <= cap):
+            j += 1
+            total += prof[j].saved
+        out[i] = j
+        i = j + 1
+    return out
 
 
 LEAD = 1.5
@@ -145,10 +171,17 @@ def simulate(prof, modes, link, freed=None):
         return sum(max(0, prof[m].saved - prof[m].inp)
                    for m in range(min(upto + 1, n)) if modes[m] == KEEP)
 
-    extra = keep_extra(n - 1) + undrained
+    # Inputs that segments do not keep (their blocks' inputs, but the first's).
+    segs = segments(prof, modes, link.segment_cap)
+    merged = [m for a, b in segs.items() for m in range(a + 1, b + 1)]
+
+    def seg_saving(upto):
+        return sum(prof[m].inp for m in merged if m <= upto)
+
+    extra = keep_extra(n - 1) + undrained - seg_saving(n - 1)
     for j, k in issue.items():
         inflight = sum(prof[i].saved for i, ki in issue.items() if ki >= k and i <= k)
-        extra = max(extra, keep_extra(k) + inflight - _freed(prof, freed, k))
+        extra = max(extra, keep_extra(k) - seg_saving(k) + inflight - _freed(prof, freed, k))
     return {
         "step_s": t,
         "stall_s": stall,
@@ -158,6 +191,7 @@ def simulate(prof, modes, link, freed=None):
         "offloaded": sum(p.saved for p, m in zip(prof, modes) if m == OFFLOAD),
         "recomputed": sum(p.saved for p, m in zip(prof, modes) if m == RECOMPUTE),
         "issue": issue,
+        "segments": len(segs),
     }
 
 
@@ -197,10 +231,11 @@ def make_plan(prof, headroom, link, min_offload_bytes=16 << 20, freed=None):
     ``freed``: as in ``simulate``."""
     n = len(prof)
     base = [RECOMPUTE] * n
-    if headroom < 0:
+    least = simulate(prof, base, link, freed)["extra"]
+    if least > headroom:
         raise PlanError(
             "no plan fits: recomputing every block already needs %.2f GB more than the "
-            "budget allows" % (-headroom / 1e9))
+            "budget allows" % ((least - headroom) / 1e9))
     off_first = _offload_pass(prof, base, headroom, link, min_offload_bytes, freed)
     a = _keep_pass(prof, off_first, headroom, link, freed)
     b = _offload_pass(prof, _keep_pass(prof, base, headroom, link, freed), headroom, link,

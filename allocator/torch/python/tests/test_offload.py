@@ -34,12 +34,13 @@ def convnet():
     head = torch.nn.Linear(32, 10).cuda()
     return seq, head
 
-def run_conv(wrap, steps=3, batch=64, size=32, budget=None, modes=None, min_bytes=1 << 16):
+def run_conv(wrap, steps=3, batch=64, size=32, budget=None, modes=None, min_bytes=1 << 16,
+             segment_cap=None):
     seq, head = convnet()
     params = list(seq.parameters()) + list(head.parameters())
     opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
     off = mt.offload(list(seq), budget=budget or (64 << 30), modes=modes, host_bytes=1 << 30,
-                     min_bytes=min_bytes) if wrap else None
+                     min_bytes=min_bytes, segment_cap=segment_cap) if wrap else None
     g = torch.Generator(device="cuda").manual_seed(1)
     losses, grads = [], []
     for s in range(steps):
@@ -92,6 +93,9 @@ def test_forced_modes_match_the_uncapped_run_bitwise():
         modes = [("keep", "offload", "recompute")[i % 3] for i in range(n)]
         got = run_conv(True, modes=modes)
         it = got[2]["iters"][-1]
+        # Runs of recomputed blocks recomputed as one segment each.
+        seg = run_conv(True, modes=["recompute"] * 8 + ["offload"] + ["recompute"] * (n - 9),
+                       segment_cap=1 << 40)
         # Control: a prefetch that skips its copy (the device buffer left as allocated)
         # must change the gradients, or the comparison could not fail.
         from memcast_torch import offloading
@@ -105,10 +109,12 @@ def test_forced_modes_match_the_uncapped_run_bitwise():
         bad = run_conv(True, modes=modes)
         offloading.Offload._fetch = real
         print(json.dumps({"eq": compare(got, ref), "bad": compare(bad, ref), "it": it,
+                          "seg": compare(seg, ref),
                           "pool": got[2]["stats"]["pool"], "link": got[2]["stats"]["link"]}))
         """
     )
     assert r["eq"]["bitwise"], r["eq"]
+    assert r["seg"]["bitwise"], r["seg"]
     assert not r["bad"]["bitwise"] and r["bad"]["grad_rel"] > 1e-3, r["bad"]
     it = r["it"]
     assert it["spilled_bytes"] > 0 and it["prefetched_bytes"] + it["demand_bytes"] == it["spilled_bytes"]

@@ -48,11 +48,12 @@ class Pool:
     def stats(self): return {"ranges": 0}
 O.host_pool = lambda d, n: Pool()
 torch.Tensor.record_stream = lambda self, s: None
-def run(wrap, modes=None, budget=1 << 30, steps=4, sizes=(16, 16, 16, 24, 24, 24)):
+def run(wrap, modes=None, budget=1 << 30, steps=4, sizes=(16, 16, 16, 24, 24, 24), cap=None):
     torch.manual_seed(0)
     seq = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh()) for _ in range(6)])
     opt = torch.optim.SGD(seq.parameters(), lr=0.1)
-    off = O.Offload(list(seq), budget, min_bytes=1 << 10, modes=modes, verbose=True) if wrap else None
+    off = O.Offload(list(seq), budget, min_bytes=1 << 10, modes=modes, verbose=True,
+                    segment_cap=cap) if wrap else None
     if off: off.torch_device = torch.device("cpu")
     out = []
     for b in sizes:
@@ -63,8 +64,9 @@ def run(wrap, modes=None, budget=1 << 30, steps=4, sizes=(16, 16, 16, 24, 24, 24
         return out, its, st
     return out, None, None
 ref = run(False)[0]
-for modes in (["offload"] * 6, ["keep", "offload", "recompute"] * 2, None):
-    got, its, st = run(True, modes)
+for modes, cap in ((["offload"] * 6, None), (["keep", "offload", "recompute"] * 2, None),
+                   (None, None), (["recompute"] * 3 + ["offload"] + ["recompute"] * 2, 1 << 40)):
+    got, its, st = run(True, modes, cap=cap)
     print(modes, got == ref, [(i["spilled_bytes"], i["prefetched_bytes"], i["demand_bytes"]) for i in its][-2:], st["modes"])
     assert got == ref
 print("ok")
