@@ -181,6 +181,7 @@ class _Shape(object):
         self.needs_plan = False
         self.headroom = None
         self.grows = 0
+        self.unmeasured = False
         self.calibrating = False
         self.mem_bwd = {}
         self.freed = None
@@ -228,6 +229,9 @@ class Offload(object):
         self.started = False
         self.it_shape = None
         self._orig = []
+        # (event, addr): host ranges to give back once their copies completed; kept
+        # across iterations (a copy may still run when the next forward begins).
+        self.to_release = []
         self._reset_iteration()
         self.history = []
         for i, b in enumerate(self.blocks):
@@ -327,7 +331,6 @@ class Offload(object):
         self.spilled = []        # _Spilled in pack order
         self.by_storage = {}
         self.inflight = []       # spills whose copy has not been seen complete
-        self.to_release = []     # (event, addr) host ranges to give back
         self.waits = []          # (start, end) timing events around compute waits
         self.use_order = []
         self.seg_out = None
@@ -365,7 +368,7 @@ class Offload(object):
         base = torch.cuda.memory_allocated(self.device)
         if self.forced is not None:
             sh.modes = list(self.forced)
-        elif sh.calibrated is None:
+        elif sh.calibrated is None or sh.calibrating:
             sh.modes = [P.RECOMPUTE] * len(self.blocks)
             sh.calibrated = "pending"
             sh.calibrating = True
@@ -428,35 +431,58 @@ class Offload(object):
                       self.iteration, {m: rec["modes"].count(m) for m in P.MODES},
                       peak / 1e9, rec["peak_reserved"] / 1e9, retries,
                       rec["spilled_bytes"] / 1e9), file=sys.stderr, flush=True)
-        target = self.margin * self.budget
         if self.forced is None:
-            if sh.calibrated == "pending":
-                sh.calibrated = (peak, self.it_base)
-                sh.calibrating = False
-                sh.freed = [peak - sh.mem_bwd[b] if b in sh.mem_bwd else None
-                            for b in range(len(self.blocks))]
-                sh.needs_plan = True
-            elif (peak > target or retries) and sh.fixes < 3:
-                # Over the target, or the caching allocator hit the device cap (it then
-                # frees its cache and retries, synchronizing): plan with less.
-                sh.fixes += 1
-                sh.headroom = sh.pred["extra"] - max(0, peak - target) - 0.04 * self.budget
-                self._plan(sh, sh.headroom)
-            elif (sh.grows < 2 and sh.fixes == 0 and sh.headroom is not None
-                  and target - peak > 0.03 * self.budget):
-                # Below the target: the measured room (90% of it) goes to the next plan.
-                sh.grows += 1
-                self._plan(sh, sh.pred["extra"] + 0.9 * (target - peak))
+            self._adapt(sh, rec, peak, retries)
         self._reset_iteration()
+
+    def _adapt(self, sh, rec, peak, retries):
+        """Planning from the iteration's measurements: the calibration step's peak and
+        memory at each block's backward; a plan's first measured peak (grow into the
+        room left, at most twice); overshoots, cap hits and a full pool (plan with
+        less, at most three times)."""
+        target = self.margin * self.budget
+        fresh = sh.unmeasured
+        sh.unmeasured = False
+        if peak < self.it_base:
+            # The peak statistics were reset during the iteration (by the caller): this
+            # measurement says nothing; a calibration is done again.
+            if sh.calibrating:
+                sh.mem_bwd = {}
+            return
+        if sh.calibrating:
+            sh.calibrated = (peak, self.it_base)
+            sh.calibrating = False
+            sh.freed = [peak - sh.mem_bwd[b] if b in sh.mem_bwd else None
+                        for b in range(len(self.blocks))]
+            sh.needs_plan = True
+        elif rec["pool_full_bytes"] and sh.fixes < 3:
+            # Spills that found the pool full stayed on the device, beyond the plan.
+            sh.fixes += 1
+            self.link.pool = max(0, self.link.pool - 2 * rec["pool_full_bytes"])
+            self._plan(sh, sh.headroom)
+        elif (peak > target or retries) and sh.fixes < 3:
+            # Over the target, or the caching allocator hit the device cap (it then
+            # frees its cache and retries, synchronizing): plan with less.
+            sh.fixes += 1
+            self._plan(sh, sh.pred["extra"] - max(0, peak - target) - 0.04 * self.budget)
+        elif (fresh and sh.grows < 2 and sh.fixes == 0
+              and target - peak > 0.03 * self.budget):
+            # Below the target: 90% of the measured room goes to the next plan.
+            sh.grows += 1
+            self._plan(sh, sh.pred["extra"] + 0.9 * (target - peak))
 
     def _plan(self, sh, headroom):
         sh.headroom = headroom
-        if headroom < 0:
+        sh.unmeasured = True
+        try:
+            sh.modes, sh.pred = P.make_plan(sh.prof, headroom, self.link,
+                                            min_offload_bytes=self.min_bytes, freed=sh.freed)
+        except P.PlanError:
+            # Even recomputing everything is predicted above the target: recompute
+            # everything (the calibration step ran that way) and let the next measured
+            # step say.
             sh.modes = [P.RECOMPUTE] * len(self.blocks)
             sh.pred = P.simulate(sh.prof, sh.modes, self.link, sh.freed)
-            return
-        sh.modes, sh.pred = P.make_plan(sh.prof, headroom, self.link,
-                                        min_offload_bytes=self.min_bytes, freed=sh.freed)
         if self.verbose:
             import sys
             print("memcast offload: plan for headroom %.2f GB: %s, predicted blocks %.4f s, "

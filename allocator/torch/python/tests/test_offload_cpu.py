@@ -19,10 +19,14 @@ CODE = r'''
 # CUDA behaviour: events complete at once, streams are no-ops).
 import contextlib, sys, torch
 class Ev:
-    def __init__(self, enable_timing=False): pass
-    def record(self, stream=None): pass
-    def query(self): return True
-    def synchronize(self): pass
+    # A copy "runs" until its event was queried twice (or waited for): the engine must
+    # cope with copies still in flight, across iterations too.
+    def __init__(self, enable_timing=False): self.q = 0
+    def record(self, stream=None): self.q = 0
+    def query(self):
+        self.q += 1
+        return self.q > 2
+    def synchronize(self): self.q = 3
     def elapsed_time(self, o): return 0.01
 class St:
     def wait_event(self, e): pass
@@ -41,11 +45,12 @@ torch.cuda.set_rng_state = lambda s, *a: None
 from memcast_torch import offloading as O
 class Pool:
     create_s = 0.0; size = 1 << 30; bw = {"d2h": 50e9, "h2d": 50e9}
-    d2h = St(); h2d = St(); n = 0
+    d2h = St(); h2d = St(); n = 0; live = set()
     def alloc(self, n):
-        Pool.n += 1; return torch.empty(n, dtype=torch.uint8), Pool.n
-    def release(self, a): Pool.n -= 0
-    def stats(self): return {"ranges": 0}
+        Pool.n += 1; Pool.live.add(Pool.n); return torch.empty(n, dtype=torch.uint8), Pool.n
+    def release(self, a):
+        Pool.live.remove(a)
+    def stats(self): return {"ranges": len(Pool.live)}
 O.host_pool = lambda d, n: Pool()
 torch.Tensor.record_stream = lambda self, s: None
 def run(wrap, modes=None, budget=1 << 30, steps=4, sizes=(16, 16, 16, 24, 24, 24), cap=None):
@@ -67,6 +72,7 @@ ref = run(False)[0]
 for modes, cap in ((["offload"] * 6, None), (["keep", "offload", "recompute"] * 2, None),
                    (None, None), (["recompute"] * 3 + ["offload"] + ["recompute"] * 2, 1 << 40)):
     got, its, st = run(True, modes, cap=cap)
+    assert not Pool.live, "host ranges not given back: %s" % Pool.live
     print(modes, got == ref, [(i["spilled_bytes"], i["prefetched_bytes"], i["demand_bytes"]) for i in its][-2:], st["modes"])
     assert got == ref
 print("ok")
