@@ -29,8 +29,7 @@ pub struct HostPool {
     streams: Vec<usize>,
 }
 
-static POOLS: [Mutex<Option<HostPool>>; MAX_DEVICES] =
-    [const { Mutex::new(None) }; MAX_DEVICES];
+static POOLS: [Mutex<Option<HostPool>>; MAX_DEVICES] = [const { Mutex::new(None) }; MAX_DEVICES];
 
 fn slot(device: i32) -> Result<MutexGuard<'static, Option<HostPool>>, TorchError> {
     let m = usize::try_from(device)
@@ -188,7 +187,10 @@ mod tests {
                     t.contains("no CUDA driver found") || t.contains("device"),
                     "{t}"
                 );
-                assert!(alloc(DEV, 4096).unwrap_err().to_string().contains("no pinned"));
+                assert!(alloc(DEV, 4096)
+                    .unwrap_err()
+                    .to_string()
+                    .contains("no pinned"));
                 eprintln!("skipped: {t}");
                 return;
             }
@@ -201,7 +203,11 @@ mod tests {
         assert!(destroy(DEV).is_err(), "ranges in use");
         release(DEV, a).unwrap();
         assert!(release(DEV, a).is_err(), "released twice");
-        assert_eq!(alloc(DEV, 600 << 10).unwrap(), Some(a), "first fit reuses it");
+        assert_eq!(
+            alloc(DEV, 600 << 10).unwrap(),
+            Some(a),
+            "first fit reuses it"
+        );
         let s = transfer_stream(DEV).unwrap();
         assert_ne!(s, 0);
         let j: serde_json::Value = serde_json::from_str(&stats_json(DEV).unwrap()).unwrap();

@@ -339,15 +339,17 @@ pub extern "C" fn memcast_host_release(device: c_int, addr: u64) -> c_int {
 /// A new low-priority transfer stream of the device's pool (null on error).
 #[no_mangle]
 pub extern "C" fn memcast_transfer_stream(device: c_int) -> *mut c_void {
-    guard("memcast_transfer_stream", std::ptr::null_mut(), || {
-        match host_pool::transfer_stream(device) {
+    guard(
+        "memcast_transfer_stream",
+        std::ptr::null_mut(),
+        || match host_pool::transfer_stream(device) {
             Ok(s) => s as *mut c_void,
             Err(e) => {
                 let _ = code("memcast_transfer_stream", Err(e));
                 std::ptr::null_mut()
             }
-        }
-    })
+        },
+    )
 }
 
 /// The pinned host pool's figures as JSON into `buf` (as [`memcast_stats`]).

@@ -1,5 +1,6 @@
-"""``memcast_torch.offload`` (this module: ``memcast_torch.offloading``): train a larger batch than fits, by keeping, offloading or
-recomputing what each block saves for backward (see docs/oversubscription.md).
+"""``memcast_torch.offload`` (this module: ``memcast_torch.offloading``): train a larger
+batch than fits, by keeping, offloading or recomputing what each block saves for
+backward. docs/oversubscription.md describes the design and the measurements.
 
 Usage::
 
@@ -13,146 +14,25 @@ Usage::
 
 ``blocks`` (an ``nn.Sequential`` or a list of modules) must run in order, each block's
 first argument being the previous block's first output, the other arguments the same
-for all blocks (a ``Sequential``'s children; GPT-2's ``transformer.h``). A forward of
-the first block with gradients enabled starts an iteration.
-
-Per input shape (the first block's tensor arguments), the first iteration:
-
-1. profiles each block once more in isolation (forward and backward timed with CUDA
-   events, the bytes it saves counted through ``saved_tensors_hooks``), restoring the
-   RNG and the blocks' buffers afterwards, so the training run is unchanged;
-2. checks the budget: the least peak any plan can have (``plan.min_peak``) above the
-   budget is a ``PlanError`` before the step runs;
-3. runs with every block recomputed (``torch.utils.checkpoint``, non-reentrant) and
-   measures its peak. From the second iteration on, the planner (``plan.make_plan``)
-   spends the measured headroom (``margin * budget`` minus that peak) on keeping and
-   offloading; a planned step that peaks above ``margin * budget`` re-plans with less.
-
-An offloaded block's saved tensors (parameters and tensors below ``min_bytes`` stay)
-are copied, whole storages, into memcast's pinned host pool on memcast's low-priority
-transfer stream; the device copy is released once the copy's event has completed
-(polled; the CPU waits only when more than ``spill_inflight`` bytes are in flight). In
-backward, spilled tensors are prefetched in the order the previous iteration used them
-(the first: reverse forward order) while the prefetched-and-unused bytes stay under
-``window``; the compute stream waits on a prefetch's event only when it uses it, and
-the time it waited is measured with timing events.
+for all blocks. A forward of the first block with gradients enabled starts an
+iteration. Per input shape, the first iteration profiles the blocks (``_profile``),
+checks the budget (``plan.min_peak``: ``PlanError`` before the step) and runs with every
+block recomputed, measuring its peak and the memory at each block's backward; then the
+planner (``plan.make_plan``) spends the measured headroom, corrected by the measured
+peaks of the next steps (``_adapt``). Offloaded blocks' saved tensors go to the pinned
+host pool (``hostpool.py``) on its device-to-host stream (``_spill``) and come back on
+its host-to-device stream at the point ``plan.issue_blocks`` chose, in the previous
+iteration's order (``_prefetch_ahead``); the compute stream waits on a copy's event only
+when it uses the tensor (``_unpack``).
 """
 
-import ctypes
-import json
 import time
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from . import plan as P
-
-_pools = {}
-
-
-def _lib():
-    from . import _load
-
-    lib = _load()
-    if not getattr(lib, "_offload_ready", False):
-        lib.memcast_host_pool_create.restype = ctypes.c_int
-        lib.memcast_host_pool_create.argtypes = [ctypes.c_int, ctypes.c_size_t]
-        lib.memcast_host_alloc.restype = ctypes.c_int
-        lib.memcast_host_alloc.argtypes = [
-            ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64)]
-        lib.memcast_host_release.restype = ctypes.c_int
-        lib.memcast_host_release.argtypes = [ctypes.c_int, ctypes.c_uint64]
-        lib.memcast_transfer_stream.restype = ctypes.c_void_p
-        lib.memcast_transfer_stream.argtypes = [ctypes.c_int]
-        lib.memcast_host_pool_stats.restype = ctypes.c_long
-        lib.memcast_host_pool_stats.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-        lib.memcast_host_pool_destroy.restype = ctypes.c_int
-        lib.memcast_host_pool_destroy.argtypes = [ctypes.c_int]
-        lib._offload_ready = True
-    return lib
-
-
-class HostPool(object):
-    """memcast's pinned host pool on one device (one ``cuMemHostAlloc``, sub-allocated)
-    and its low-priority transfer streams, shared by every ``offload`` of the process."""
-
-    def __init__(self, device, nbytes):
-        from . import MemcastError, last_error
-
-        self.device = device
-        self.lib = _lib()
-        t = time.perf_counter()
-        if self.lib.memcast_host_pool_create(device, nbytes) != 0:
-            raise MemcastError("pinned host pool of %d bytes: %s" % (nbytes, last_error()))
-        self.create_s = time.perf_counter() - t
-        self.size = nbytes
-        raw = [self.lib.memcast_transfer_stream(device) for _ in range(2)]
-        if not all(raw):
-            raise MemcastError("transfer stream: %s" % last_error())
-        dev = torch.device("cuda", device)
-        self.d2h = torch.cuda.ExternalStream(raw[0], device=dev)
-        self.h2d = torch.cuda.ExternalStream(raw[1], device=dev)
-        self.bw = self._measure()
-
-    def alloc(self, nbytes):
-        """A pinned uint8 tensor of ``nbytes`` and its address, or ``(None, 0)`` when full."""
-        from . import MemcastError, last_error
-
-        addr = ctypes.c_uint64(0)
-        rc = self.lib.memcast_host_alloc(self.device, nbytes, ctypes.byref(addr))
-        if rc == 1:
-            return None, 0
-        if rc != 0:
-            raise MemcastError("host pool: %s" % last_error())
-        buf = (ctypes.c_uint8 * nbytes).from_address(addr.value)
-        return torch.frombuffer(buf, dtype=torch.uint8), addr.value
-
-    def release(self, addr):
-        from . import MemcastError, last_error
-
-        if self.lib.memcast_host_release(self.device, addr) != 0:
-            raise MemcastError("host pool: %s" % last_error())
-
-    def stats(self):
-        from . import _text
-
-        s = _text(self.lib.memcast_host_pool_stats, self.device)
-        return json.loads(s) if s else {}
-
-    def _measure(self, nbytes=256 << 20):
-        """Measured bandwidth (bytes/s) of one copy each way between the pool and the
-        device (the planner's link figures)."""
-        host, addr = self.alloc(nbytes)
-        if host is None:
-            return None
-        dev = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", self.device))
-        out = {}
-        for name, stream, dst, src in (("d2h", self.d2h, host, dev), ("h2d", self.h2d, dev, host)):
-            for rep in range(2):
-                a = torch.cuda.Event(enable_timing=True)
-                b = torch.cuda.Event(enable_timing=True)
-                with torch.cuda.stream(stream):
-                    a.record()
-                    dst.copy_(src, non_blocking=True)
-                    b.record()
-                b.synchronize()
-                out[name] = nbytes / (a.elapsed_time(b) / 1e3)
-        del dev
-        self.release(addr)
-        return out
-
-
-def host_pool(device, nbytes):
-    """The process's pool on ``device``, created (or grown) to at least ``nbytes``."""
-    p = _pools.get(device)
-    if p is None or p.size < nbytes:
-        if p is not None and p.stats().get("ranges", 0):
-            raise RuntimeError("the pinned pool is in use and too small")
-        _pools.pop(device, None)
-        p = HostPool(device, nbytes)
-        _pools[device] = p
-    return p
-
+from .hostpool import host_pool
 
 class _Spilled(object):
     """A storage saved for backward and spilled to the host pool."""
