@@ -92,3 +92,18 @@ def test_simulated_stall_grows_when_the_link_is_slow():
 def test_min_peak():
     prof = chain(n=3, saved=2 * GB, inp=1 * GB)
     assert P.min_peak(5, prof) == 5 + 3 * GB + 2 * GB
+
+
+def test_segments_merge_recomputed_runs_under_the_cap_and_free_their_inputs():
+    prof = chain(n=6, saved=1 * GB, inp=0.25 * GB)
+    modes = [P.RECOMPUTE] * 3 + [P.KEEP] + [P.RECOMPUTE] * 2
+    assert P.segments(prof, modes, 0) == {0: 0, 1: 1, 2: 2, 4: 4, 5: 5}
+    assert P.segments(prof, modes, 2 * GB) == {0: 1, 2: 2, 4: 5}
+    assert P.segments(prof, modes, 10 * GB) == {0: 2, 4: 5}
+    link = P.Link(pool=0)
+    plain = P.simulate(prof, modes, link)
+    link.segment_cap = 10 * GB
+    merged = P.simulate(prof, modes, link)
+    # Blocks 1, 2 and 5 no longer keep their inputs.
+    assert plain["extra"] - merged["extra"] == 3 * 0.25 * GB
+    assert merged["recompute_s"] == plain["recompute_s"]
