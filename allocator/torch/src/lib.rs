@@ -23,7 +23,14 @@
 //!   (`predictive:true`, with `forecaster`, `model`, `horizon`, ...);
 //! - `int memcast_record_start(int device)`, `int memcast_record_stop(int device, const
 //!   char* path)`: the run as a `.mctrace` trace;
-//! - `long memcast_last_error(char* buf, size_t len)`.
+//! - `long memcast_last_error(char* buf, size_t len)`;
+//! - the host side of `memcast_torch.offload` (`host_pool.rs`): `int
+//!   memcast_host_pool_create(int device, size_t bytes)` (one pinned buffer),
+//!   `int memcast_host_alloc(int device, size_t bytes, uint64_t* addr)` (0 and the
+//!   address, 1 when the pool has no room, -1), `int memcast_host_release(int device,
+//!   uint64_t addr)`, `void* memcast_transfer_stream(int device)` (a low-priority
+//!   `cudaStream_t`, null on error), `long memcast_host_pool_stats(int device, char* buf,
+//!   size_t len)`, `int memcast_host_pool_destroy(int device)`.
 //!
 //! Functions returning `int` give 0 on success and a negative code on failure; those
 //! returning `long` give the length of the text (without its NUL), or a negative code.
@@ -34,6 +41,7 @@
 //! `unsafe` is in this file only: reading the caller's C strings and writing into the
 //! caller's buffers, under each export's `# Safety` contract.
 
+pub mod host_pool;
 pub mod record;
 pub mod state;
 
@@ -282,6 +290,95 @@ pub unsafe extern "C" fn memcast_record_stop(device: c_int, path: *const c_char)
             state::existing(device)
                 .and_then(|d| d.record_stop(std::path::Path::new(p)).map(|_| ())),
         )
+    })
+}
+
+/// Creates the device's pinned host pool of `bytes` (see `host_pool.rs`).
+#[no_mangle]
+pub extern "C" fn memcast_host_pool_create(device: c_int, bytes: usize) -> c_int {
+    guard("memcast_host_pool_create", PANIC, || {
+        code(
+            "memcast_host_pool_create",
+            host_pool::create(device, bytes as u64),
+        )
+    })
+}
+
+/// A range of the pinned host pool: 0 and its address in `*addr`, 1 when no free range
+/// is large enough, -1 on error, -3 when `addr` is null.
+///
+/// # Safety
+/// `addr` is null or valid for one write of a `u64`.
+#[no_mangle]
+pub unsafe extern "C" fn memcast_host_alloc(device: c_int, bytes: usize, addr: *mut u64) -> c_int {
+    guard("memcast_host_alloc", PANIC, || {
+        if addr.is_null() {
+            state::set_last_error("memcast_host_alloc: null address pointer");
+            return BAD_ARG;
+        }
+        match host_pool::alloc(device, bytes as u64) {
+            Ok(Some(p)) => {
+                // SAFETY: `addr` is non-null and valid for a write (caller's contract).
+                unsafe { *addr = p };
+                0
+            }
+            Ok(None) => 1,
+            Err(e) => code("memcast_host_alloc", Err(e)),
+        }
+    })
+}
+
+/// Gives back a range of the pinned host pool.
+#[no_mangle]
+pub extern "C" fn memcast_host_release(device: c_int, addr: u64) -> c_int {
+    guard("memcast_host_release", PANIC, || {
+        code("memcast_host_release", host_pool::release(device, addr))
+    })
+}
+
+/// A new low-priority transfer stream of the device's pool (null on error).
+#[no_mangle]
+pub extern "C" fn memcast_transfer_stream(device: c_int) -> *mut c_void {
+    guard(
+        "memcast_transfer_stream",
+        std::ptr::null_mut(),
+        || match host_pool::transfer_stream(device) {
+            Ok(s) => s as *mut c_void,
+            Err(e) => {
+                let _ = code("memcast_transfer_stream", Err(e));
+                std::ptr::null_mut()
+            }
+        },
+    )
+}
+
+/// The pinned host pool's figures as JSON into `buf` (as [`memcast_stats`]).
+///
+/// # Safety
+/// `buf` is null or valid for writes of `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn memcast_host_pool_stats(
+    device: c_int,
+    buf: *mut c_char,
+    len: usize,
+) -> c_long {
+    guard("memcast_host_pool_stats", PANIC as c_long, || {
+        match host_pool::stats_json(device) {
+            // SAFETY: the caller's contract.
+            Ok(s) => unsafe { into_buffer(&s, buf, len) },
+            Err(e) => {
+                state::set_last_error(&e.to_string());
+                ERR as c_long
+            }
+        }
+    })
+}
+
+/// Frees the device's pinned host pool (an error while ranges are in use).
+#[no_mangle]
+pub extern "C" fn memcast_host_pool_destroy(device: c_int) -> c_int {
+    guard("memcast_host_pool_destroy", PANIC, || {
+        code("memcast_host_pool_destroy", host_pool::destroy(device))
     })
 }
 

@@ -12,7 +12,9 @@ Two ways in (see docs/cuda.md):
   inside those segments, so its statistics keep working, and it can be used any time.
 
 Also ``stats()`` (memcast's statistics, a dict), ``step()`` (an iteration boundary),
-``empty_cache()``, ``record(path)`` (the run as a ``.mctrace`` trace for ``memcast
+``empty_cache()``, ``offload(blocks, budget)`` (train a larger batch than fits: keep,
+offload to memcast's pinned host pool, or recompute what each block saves for backward;
+docs/oversubscription.md), ``record(path)`` (the run as a ``.mctrace`` trace for ``memcast
 train``/``memcast replay``), ``configure(conf)`` and ``predictive(on)``.
 
 The library ``libmemcast_torch.so`` is found at ``$MEMCAST_TORCH_LIB``, else beside this
@@ -38,6 +40,8 @@ __all__ = [
     "predictive",
     "last_error",
     "check",
+    "offload",
+    "PlanError",
 ]
 
 _LIB_NAME = "libmemcast_torch.so"
@@ -299,3 +303,17 @@ def predictive(on=True):
     first allocation). Raises ``MemcastError`` if this build of memcast has no
     predictive mode."""
     configure("predictive:" + ("true" if on else "false"))
+
+
+from .plan import PlanError  # noqa: E402  (pure Python, no torch import)
+
+
+def offload(blocks, budget, **kw):
+    """Keeps, offloads (to memcast's pinned host pool, on its low-priority transfer
+    streams) or recomputes what ``blocks`` save for backward, so that a training step
+    fits ``budget`` device bytes. Returns an ``Offload`` (a context manager too);
+    ``memcast_torch.offloading`` documents the options and docs/oversubscription.md the
+    design and the measurements."""
+    from .offloading import Offload
+
+    return Offload(blocks, budget, **kw)
