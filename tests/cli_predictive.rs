@@ -133,6 +133,7 @@ fn options_that_cannot_apply_are_errors() {
             "lstm",
         ),
         (vec!["replay", &t, "--no-prefetch"], "--no-prefetch"),
+        (vec!["replay", &t, "--no-arena"], "--no-arena"),
         (vec!["replay", &t, "--policy", "reactive"], "--budget"),
         (
             vec!["replay", &t, "--policy", "pytorch", "--conf", "run_scan:4"],
@@ -171,4 +172,24 @@ fn a_missing_model_is_an_error_naming_it() {
         "/nonexistent/model-dir",
     ]);
     assert!(e.contains("/nonexistent/model-dir"), "{e}");
+}
+
+/// Under a budget the allocator reserves the budget as one arena unless --no-arena:
+/// then, under pressure, it frees and re-creates segments (many more device calls).
+#[test]
+fn no_arena_brings_back_the_segment_churn() {
+    let t = bundled("resnet50_b64_train");
+    let calls = |extra: &[&str]| {
+        let mut args = vec![
+            "replay", &t, "--policy", "reactive", "--budget", "60%", "--json",
+        ];
+        args.extend_from_slice(extra);
+        let v = json(&args);
+        v["device_allocs"].as_u64().unwrap() + v["device_frees"].as_u64().unwrap()
+    };
+    let (arena, churn) = (calls(&[]), calls(&["--no-arena"]));
+    assert!(
+        arena * 10 <= churn,
+        "arena {arena} device calls, --no-arena {churn}"
+    );
 }

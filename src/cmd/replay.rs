@@ -113,6 +113,11 @@ pub struct ReplayArgs {
     /// With --budget: no prefetching (every use of a spilled tensor waits).
     #[arg(long)]
     pub no_prefetch: bool,
+    /// With --budget: no single arena (the allocator grows and releases fixed
+    /// segments under the budget as without one; by default the budget is reserved as
+    /// one segment, so that pressure frees and re-creates none).
+    #[arg(long)]
+    pub no_arena: bool,
     #[command(flatten)]
     pub import: ReplayImportArgs,
 }
@@ -197,6 +202,9 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
     }
     if args.no_prefetch && args.budget.is_none() {
         bail!("--no-prefetch applies to a replay under --budget only");
+    }
+    if args.no_arena && args.budget.is_none() {
+        bail!("--no-arena applies to a replay under --budget only");
     }
     if args.budget.is_none() && ps.contains(&PolicyArg::Reactive) {
         bail!("--policy reactive needs --budget (bytes such as 8G, or a share of the trace's peak requested bytes such as 0.6 or 60%)");

@@ -51,6 +51,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
                 DeviceArg::Cuda => Device::Cuda,
             },
             prefetch: !args.no_prefetch,
+            arena: !args.no_arena,
             check_every: args.check_every,
             alloc: alloc.clone(),
             predictive: (*p == PolicyArg::Predictive)
