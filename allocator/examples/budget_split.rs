@@ -25,7 +25,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         plan: true,
         ..Actions::none()
     };
-    let rows: [(&str, bool, Option<(ReplayForecaster, Actions)>); 5] = [
+    // (label, arena, predictive tiers)
+    type Row = (&'static str, bool, Option<(ReplayForecaster, Actions)>);
+    let rows: [Row; 5] = [
         ("reactive, no arena", false, None),
         ("reactive", true, None),
         (
