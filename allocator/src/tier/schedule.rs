@@ -506,6 +506,14 @@ mod tests {
     fn k(n: u32) -> TensorKey {
         TensorKey::Ordinal(n)
     }
+    /// A link of `rate` bytes per microsecond each way, no fixed cost.
+    fn link_at(rate: f64) -> LinkModel {
+        LinkModel {
+            out_bytes_per_us: rate,
+            in_bytes_per_us: rate,
+            latency_us: 0.0,
+        }
+    }
     fn op(key: TensorKey, bytes: u64, kind: OpUse, t: f64) -> LoggedOp {
         LoggedOp {
             key,
@@ -573,11 +581,7 @@ mod tests {
         // last) have the longest gaps.
         let s = 1_000_000;
         let t = fwd_bwd(8, s);
-        let link = LinkModel {
-            out_bytes_per_us: 1e6,
-            in_bytes_per_us: 1e6,
-            latency_us: 0.0,
-        };
+        let link = link_at(1e6);
         let p = plan(&t, 5 * s, link);
         assert_eq!(p.residual_excess, 0, "{p:?}");
         let keys: Vec<TensorKey> = p.moves.iter().map(|m| m.key).collect();
@@ -593,11 +597,7 @@ mod tests {
         let s = 1_000_000;
         let t = fwd_bwd(8, s);
         // 1 byte/us: no copy of 1 MB fits in any gap.
-        let link = LinkModel {
-            out_bytes_per_us: 1.0,
-            in_bytes_per_us: 1.0,
-            latency_us: 0.0,
-        };
+        let link = link_at(1.0);
         let p = plan(&t, 5 * s, link);
         assert!(p.moves.is_empty(), "{p:?}");
         assert_eq!(p.residual_excess, 3 * s);
@@ -625,11 +625,7 @@ mod tests {
             base: 4 * s,
             span_us: tt + 100.0,
         };
-        let link = LinkModel {
-            out_bytes_per_us: 1e6,
-            in_bytes_per_us: 1e6,
-            latency_us: 0.0,
-        };
+        let link = link_at(1e6);
         let p = plan(&t, 6 * s, link);
         assert_eq!(p.residual_excess, 0, "{p:?}");
         let m = p
