@@ -64,7 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     ..Default::default()
                 },
             )?;
-            floor = r.peak_floor_overhead.max(r.link_floor_overhead);
+            floor = r.peak_floor_overhead;
             sums[i + 1] += r.stall_overhead;
             cells.push(if r.completed {
                 format!("{:.2}", r.stall_overhead)

@@ -162,7 +162,7 @@ impl Default for Actions {
     /// `grow`, `spill`, `prefetch` and `plan`; `release` is off (like PyTorch, memory
     /// is kept once obtained unless asked: see docs/predictive.md for what release
     /// costs). `plan` was chosen on the corpus's validation split (mean stall
-    /// overhead at 60% of peak: 0.568 with it, 0.61 without; docs/predictive.md).
+    /// overhead at 60% of peak: 0.591 with it, 0.614 without; docs/predictive.md).
     fn default() -> Self {
         Actions {
             grow: true,

@@ -15,10 +15,12 @@ use super::schedule::{LinkModel, LoggedOp, OpUse, Trajectory};
 /// link after they were last used before the peak, and come back over the other
 /// before their next use: the least stall before the peak is that of the `E` bytes
 /// last used earliest, sent back to back (`max_s (sum_{used >= s} bytes / bw - (t_p -
-/// s))`), and after it symmetrically that of the `E` bytes needed latest. Tensors
-/// live at the start (parameters, optimizer state) may leave before the iteration
-/// begins and come back after it ends, so they count as free to move. Returns
-/// `(before_us, after_us)`; `(0, 0)` when the trajectory fits.
+/// s))`), and after it symmetrically that of the `E` bytes needed latest (the two
+/// sets chosen apart). Only this iteration's uses constrain: a tensor not used
+/// before the peak may have left before the iteration began, one not read after it
+/// need not come back within it; so each iteration's bound holds whatever the other
+/// iterations do, the bounds count stalls of disjoint spans, and their sum bounds a
+/// whole replay. Returns `(before_us, after_us)`; `(0, 0)` when the trajectory fits.
 pub fn peak_floor(traj: &Trajectory, budget: u64, link: LinkModel) -> (f64, f64) {
     let n = traj.ops.len();
     if n == 0 {
@@ -44,7 +46,6 @@ pub fn peak_floor(traj: &Trajectory, budget: u64, link: LinkModel) -> (f64, f64)
         return (0.0, 0.0);
     }
     let tp = traj.ops[at].t;
-    let span = traj.span_us.max(traj.ops[n - 1].t);
     // The tensors live at the peak and their uses. The iteration repeats: a tensor
     // with no use before the peak was last used in the previous iteration (its last
     // use here, one span earlier); one with no access after it is next used in the
@@ -72,18 +73,6 @@ pub fn peak_floor(traj: &Trajectory, budget: u64, link: LinkModel) -> (f64, f64)
         let from_start = op.kind != OpUse::Alloc;
         state.entry(op.key).or_insert((from_start, None, op.bytes));
     }
-    let mut first_access: std::collections::HashMap<TensorKey, f64> =
-        std::collections::HashMap::new();
-    let mut last_use_all: std::collections::HashMap<TensorKey, f64> =
-        std::collections::HashMap::new();
-    for op in &traj.ops {
-        if op.kind != OpUse::Free {
-            last_use_all.insert(op.key, op.t);
-        }
-        if op.kind == OpUse::Access {
-            first_access.entry(op.key).or_insert(op.t);
-        }
-    }
     // After the peak: the next access, unless a free comes first.
     let mut next: std::collections::HashMap<TensorKey, Option<f64>> =
         std::collections::HashMap::new();
@@ -109,12 +98,10 @@ pub fn peak_floor(traj: &Trajectory, budget: u64, link: LinkModel) -> (f64, f64)
             continue;
         }
         seen += bytes;
-        let last = last.or_else(|| last_use_all.get(k).map(|&t| t - span));
+        // Not used before the peak in this iteration: it may have left before the
+        // iteration began; not read after it: it need not come back within it.
         before.push((last.map_or(f64::INFINITY, |t| tp - t), bytes));
-        let nx = match next.get(k) {
-            Some(&x) => x,
-            None => first_access.get(k).map(|&t| t + span),
-        };
+        let nx = next.get(k).copied().flatten();
         after.push((nx.map_or(f64::INFINITY, |t| t - tp), bytes));
     }
     let free_bytes = (peak.max(0) as u64).saturating_sub(seen);
@@ -240,8 +227,14 @@ pub fn upcoming(
             }
             OpKind::EndStep => continue,
             OpKind::IterationBoundary => break,
-            OpKind::Alloc { id, bytes, .. } => {
-                if bytes == 0 {
+            OpKind::Alloc {
+                id,
+                bytes,
+                persistent,
+            } => {
+                // A persistent registration takes no ordinal in the manager (and no
+                // handle is known for it yet): not planned.
+                if bytes == 0 || persistent {
                     continue;
                 }
                 let n = ordinal.len() as u32;

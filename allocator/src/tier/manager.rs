@@ -234,8 +234,8 @@ impl<B: DeviceBackend> TierManager<B> {
         };
         self.reg.get_mut(h)?.key = key;
         self.prefetch.on_alloc(key, bytes);
-        self.plan_op(h, key, bytes, OpUse::Alloc)?;
         self.demand_alloc(bytes)?;
+        self.plan_op(h, key, bytes, OpUse::Alloc)?;
         self.run_prefetcher()?;
         self.debug_check();
         Ok(h)
@@ -369,8 +369,8 @@ impl<B: DeviceBackend> TierManager<B> {
                 }
             }
         }
-        self.plan_op(h, e.key, bytes, OpUse::Free)?;
-        self.demand_free(bytes)
+        self.demand_free(bytes)?;
+        self.plan_op(h, e.key, bytes, OpUse::Free)
     }
 
     /// Waits for every transfer, frees every tensor, gives the pinned pool back and

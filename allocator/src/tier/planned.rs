@@ -13,13 +13,25 @@
 //!   (which would bring it back at the first free byte and push out tensors needed
 //!   sooner).
 //!
-//! The reactive machinery stays underneath: watermark spills, faults and the
-//! out-of-memory path catch whatever the plan misses, so a wrong plan costs transfers
-//! and stalls, never a request the reactive manager would have served.
+//! The reactive machinery stays underneath: faults and the out-of-memory path (which
+//! waits for copies in flight, then spills by the reactive policy) catch whatever the
+//! plan misses; the watermark batch spill is off while a plan with moves is in charge
+//! (see `pressure.rs`). A plan never loses or corrupts a byte and never spills a
+//! tensor its step uses (property-tested with lying plans); what it may cost is
+//! transfers and stalls, and, since it changes where tensors are, the memory layout:
+//! that it never fails a request the reactive manager would have served is not
+//! established (every replay here completes).
+//!
+//! Shapes: the planner keeps the last [`LIBRARY`] iterations by their signature (the
+//! bytes of their first [`SIGNATURE`] allocations); at an iteration's fourth
+//! allocation, if an earlier iteration of that signature is known and the plan came
+//! from another, it re-plans from it (moves whose prefetch point has passed are
+//! dropped, the others catch up).
 //!
 //! Cost: O(1) amortized per operation (cursors over the sorted moves; the pending and
-//! due lists are short), plus the plan itself once per iteration (see
-//! [`schedule`](super::schedule)).
+//! due lists are short), plus a plan (see [`schedule`](super::schedule)) once per
+//! iteration at its boundary and once more at the fourth allocation of an iteration
+//! re-planned by shape: that allocation pays for it.
 
 use std::collections::HashSet;
 
@@ -70,6 +82,9 @@ pub struct Planner {
     pending_spills: Vec<(TensorKey, u64)>,
     due: Vec<(TensorKey, u64)>,
     held: HashSet<TensorKey>,
+    /// Keys whose planned prefetch was reached this iteration (a spill issued after
+    /// that is not hidden from the window prefetcher).
+    passed: HashSet<TensorKey>,
     source: Option<Box<dyn TrajectorySource>>,
     /// The trajectory to plan the next iteration from, if given (the oracle).
     next: Option<Trajectory>,
@@ -117,6 +132,7 @@ impl Planner {
             pending_spills: Vec::new(),
             due: Vec::new(),
             held: HashSet::new(),
+            passed: HashSet::new(),
             source,
             next: None,
             library: Vec::new(),
@@ -143,9 +159,17 @@ impl Planner {
         let Some(i) = self.library.iter().position(|(s, _)| *s == self.sig) else {
             return;
         };
-        let plan = schedule::plan(&self.library[i].1, self.cap, self.link);
+        let mut plan = schedule::plan(&self.library[i].1, self.cap, self.link);
+        // Moves whose prefetch point has passed would be a spill and an immediate
+        // prefetch: dropped. The others catch up (their spills go now).
+        let pos = self.cur.ops.len().saturating_sub(1);
+        plan.moves.retain(|m| m.prefetch_at > pos);
         self.planned_from = Some(self.sig.clone());
         self.stats.replans += 1;
+        // The old plan's spills not issued yet are dropped; what it spilled is no
+        // longer hidden from the window prefetcher (its due prefetches stay due).
+        self.pending_spills.clear();
+        self.held.clear();
         self.install(plan);
     }
 
@@ -244,6 +268,7 @@ impl<B: DeviceBackend> TierManager<B> {
                 break;
             }
             p.held.remove(&m.key);
+            p.passed.insert(m.key);
             p.due.push((m.key, m.bytes));
             p.next_prefetch += 1;
         }
@@ -278,13 +303,15 @@ impl<B: DeviceBackend> TierManager<B> {
                         keep.push((key, bytes));
                     }
                     Place::Device { .. } => {
+                        // A spill that cannot start (no host memory, a failed copy) is
+                        // dropped, not retried at every operation.
                         if self.start_spill(h)? {
                             p.stats.spills += 1;
-                            if !p.due.iter().any(|d| d.0 == key) {
+                            if !p.passed.contains(&key) {
                                 p.held.insert(key);
                             }
                         } else {
-                            keep.push((key, bytes));
+                            p.stats.skipped += 1;
                         }
                     }
                     _ => p.stats.skipped += 1,
@@ -293,7 +320,9 @@ impl<B: DeviceBackend> TierManager<B> {
             p.pending_spills = keep;
         }
         if !p.due.is_empty() {
-            let limit = (p.cap_fraction * self.cfg.budget as f64) as u64;
+            // The plan kept its trajectory under the cap; the high watermark leaves the
+            // room a late or early copy needs.
+            let limit = (self.cfg.high_watermark * self.cfg.budget as f64) as u64;
             let mut i = 0;
             while i < p.due.len() {
                 let (key, bytes) = p.due[i];
@@ -313,8 +342,10 @@ impl<B: DeviceBackend> TierManager<B> {
                         p.held.remove(&key);
                         p.due.remove(i);
                     }
-                    // Still on its way out: wait for the copy, then bring it back.
+                    // Still on its way out, or its spill still waits to start (a pin):
+                    // keep it due, to bring it back once it is out.
                     Place::SpillingOut { .. } => i += 1,
+                    Place::Device { .. } if p.pending_spills.iter().any(|d| d.0 == key) => i += 1,
                     _ => {
                         p.due.remove(i);
                     }
@@ -375,6 +406,7 @@ impl<B: DeviceBackend> TierManager<B> {
         p.sig.clear();
         p.install(plan);
         p.held.clear();
+        p.passed.clear();
         // The ended iteration joins the library under its signature.
         if let Some(sig) = p.planned_from.clone() {
             if sig.len() == SIGNATURE {

@@ -189,7 +189,8 @@ pub struct TierReport {
     /// needs to get the bytes above the budget at the iteration's peak off the device
     /// before it and back after it, each tensor no earlier than its last use and no
     /// later than its next (see `tier::floor::peak_floor`), summed; and as a share
-    /// of compute. A lower bound, tighter than `link_floor_us`.
+    /// of compute. A lower bound (`link_floor_us` is an estimate: it assumes every byte above
+    /// the budget moves every iteration).
     pub peak_floor_us: f64,
     pub peak_floor_overhead: f64,
     pub spills: u64,

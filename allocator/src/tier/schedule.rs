@@ -10,31 +10,32 @@
 //! the trajectory allows.
 //!
 //! A *gap* is the span between two consecutive uses of a tensor, `(a, b)`, the second
-//! one an access (a tensor never read again is not worth the copy; a persistent one's
-//! last use of the iteration pairs with its first use of the next: a gap that wraps).
-//! Spilled in a gap, a tensor is off the device from the end of its copy out,
-//! `t_a + bytes / bw_out`, to the start of its copy in, `t_b - bytes / bw_in`: its
-//! *window*. A gap whose window is empty relieves nothing (the tensor would be back
-//! before it left) and is never chosen.
+//! one an access (a tensor never read again is not worth the copy). A tensor live at
+//! the iteration's start and read in it is due back by the iteration's end after its
+//! last use (a gap that *wraps*: the plan covers one iteration). Spilled in a gap, a
+//! tensor is off the device from the end of its copy out, `t_a + bytes / bw_out`, to
+//! the start of its copy in, `t_b - bytes / bw_in`: its *window*. A gap whose window
+//! is empty relieves nothing (the tensor would be back before it left) and is never
+//! chosen.
 //!
 //! Greedy choice (largest window first, Capuchin's and SwapAdvisor's rule of thumb:
 //! the longest gaps hide their copies best and each spilled byte covers the most
 //! excess): while the largest excess `max_i (L(i) - off(i) - cap)` is positive, take
-//! the not yet chosen gap with the longest window that covers that position. Then
-//! the link: spills are issued in gap order on one device-to-host queue, prefetches
-//! scheduled as late as the host-to-device queue allows, backwards from their
-//! accesses. Queued, a move's copy out ends later and its copy in starts earlier
-//! than alone; a move whose window closes that way relieves nothing and only takes
-//! link time from the others: it is dropped and the rest scheduled again. What the plan cannot cover is left to the reactive machinery
-//! (a stall the link could not have hidden: see [`super::floor::peak_floor`]).
+//! the not yet chosen gap with the longest window that covers that position. Then, in
+//! order of need, each chosen tensor is planned back at the first position from which
+//! it fits under the cap until its access, at the latest at its window's end (one
+//! that fits from the window's start was made redundant by later choices and is
+//! dropped). Each copy is timed alone: queued behind others on the link it ends
+//! later, which the plan does not model; what it does not cover is left to the
+//! reactive machinery (see [`super::floor::peak_floor`] for what no policy avoids).
 //!
-//! Cost: O(G log G + k (G + log n)) for `G` gaps, `k` chosen, `n` operations, once
-//! per iteration (never on the allocation path).
+//! Cost: O(G log G + (k + u) G + k log^2 n) for `G` gaps, `k` chosen, `u` positions
+//! no gap covers and `n` operations, once per iteration at its boundary, and once more
+//! at the fourth allocation of an iteration whose shape the planner recognizes
+//! (`planned.rs`).
 
 use super::handle::TensorKey;
 
-/// Rounds of choose-then-schedule (the schedule moves windows; the next round covers
-/// what that uncovered).
 /// Marks a position no gap can cover, during the greedy cover.
 const BLOCKED: i64 = i64::MIN / 4;
 
@@ -111,8 +112,8 @@ impl LinkModel {
 
 /// One planned move: spill `key` after operation `spill_after`, bring it back when
 /// operation `prefetch_at` is reached (in the iteration the plan runs in). For a gap
-/// that wraps, the copy in is due in the next iteration: `prefetch_at` is then at
-/// most the iteration's last operation, and `wraps` is set.
+/// that wraps (`wraps`), the next use is in the next iteration (`needed_at` is its
+/// position there) and the tensor is planned back by this iteration's end.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Move {
     pub key: TensorKey,
@@ -141,8 +142,11 @@ struct Gap {
     key: TensorKey,
     bytes: u64,
     a: usize,
-    /// In doubled coordinates: `b >= n` for a gap that wraps.
+    /// The position the tensor must be back by: its next access, or for a gap that
+    /// wraps the iteration's end (`n`: the plan runs one iteration).
     b: usize,
+    /// A gap that wraps: the position of the next iteration's access.
+    wrap_need: Option<usize>,
 }
 
 /// Builds the plan that keeps `traj` under `cap` bytes. See the module docs.
@@ -264,14 +268,15 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
         let (lo, hi) = own[c].expect("chosen gaps have a window");
         let bytes = gaps[c].bytes as i64;
         let fits = |q: usize, tree: &MaxTree| q > hi || range_max(tree, (q, hi), n) + bytes <= 0;
-        let q = partition(lo, hi + 1, |q| !fits(q, &tree));
+        // At the latest from the window's end: later, its copy could not land before
+        // the access (it then stands above the cap at the window's end, within the
+        // budget's headroom).
+        let q = partition(lo, hi + 1, |q| !fits(q, &tree)).min(hi);
         if q == lo {
             add_window(&mut tree, (lo, hi), n, bytes);
             return false;
         }
-        if q <= hi {
-            add_window(&mut tree, (q, hi), n, bytes);
-        }
+        add_window(&mut tree, (q, hi), n, bytes);
         back[c] = q;
         true
     });
@@ -280,15 +285,14 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
         .iter()
         .map(|&c| {
             let g = gaps[c];
-            // A copy in due in the next iteration is issued at this one's end.
             let at = back[c].min(n - 1);
             Move {
                 key: g.key,
                 bytes: g.bytes,
                 spill_after: g.a,
                 prefetch_at: at,
-                needed_at: if g.b >= n { g.b - n } else { g.b },
-                wraps: g.b >= n,
+                needed_at: g.wrap_need.unwrap_or(g.b),
+                wraps: g.wrap_need.is_some(),
             }
         })
         .collect();
@@ -333,6 +337,7 @@ fn find_gaps(ops: &[LoggedOp]) -> Vec<Gap> {
                             bytes: op.bytes,
                             a: e.1,
                             b: p,
+                            wrap_need: None,
                         });
                     }
                     e.1 = p;
@@ -348,14 +353,16 @@ fn find_gaps(ops: &[LoggedOp]) -> Vec<Gap> {
         }
     }
     // Wrapping gaps: live across the boundary, used first by an access this iteration.
+    // The plan covers one iteration, so such a tensor is due back by its end.
     for (key, first) in first_access {
         if let Some(&(_, lastp, bytes)) = last.get(&key) {
-            if first + n > lastp + 1 && bytes > 0 {
+            if n > lastp + 1 && bytes > 0 {
                 gaps.push(Gap {
                     key,
                     bytes,
                     a: lastp,
-                    b: first + n,
+                    b: n,
+                    wrap_need: Some(first),
                 });
             }
         }
