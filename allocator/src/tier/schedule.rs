@@ -271,11 +271,12 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
         // At the latest from the window's end: later, its copy could not land before
         // the access (it then stands above the cap at the window's end, within the
         // budget's headroom).
-        let q = partition(lo, hi + 1, |q| !fits(q, &tree)).min(hi);
-        if q == lo {
+        let first = partition(lo, hi + 1, |q| !fits(q, &tree));
+        if first == lo {
             add_window(&mut tree, (lo, hi), n, bytes);
             return false;
         }
+        let q = first.min(hi);
         add_window(&mut tree, (q, hi), n, bytes);
         back[c] = q;
         true
