@@ -39,6 +39,7 @@ use crate::backend::DeviceBackend;
 
 use super::handle::{Place, TensorHandle, TensorKey};
 use super::manager::TierManager;
+use super::prefetch::PrefetchView;
 use super::schedule::{self, LinkModel, LoggedOp, OpUse, Plan, Trajectory};
 use super::TierError;
 
@@ -357,11 +358,7 @@ impl<B: DeviceBackend> TierManager<B> {
 
     /// The tensor a key names now.
     fn resolve(&self, key: TensorKey) -> Option<TensorHandle> {
-        let h = match key {
-            TensorKey::Persistent(h) => h,
-            TensorKey::Ordinal(n) => *self.ordinals.get(n as usize)?,
-        };
-        self.reg.get(h).ok().map(|_| h)
+        self.view().lookup(key).map(|(h, _, _)| h)
     }
 
     /// Whether the window prefetcher must leave `h` alone (spilled by the plan, not

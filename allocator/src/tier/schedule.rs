@@ -155,7 +155,8 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
     if n == 0 {
         return Plan::default();
     }
-    // L(i) and the doubled time axis (positions n..2n are the next iteration's).
+    // L(i), and the time of each position (position `n` is the next iteration's first
+    // operation: one span after this one's).
     let mut live = Vec::with_capacity(n);
     let mut l = traj.base as i128;
     for op in &traj.ops {
@@ -171,7 +172,7 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
         if p < n {
             traj.ops[p].t
         } else {
-            traj.ops[p - n].t + span
+            traj.ops[0].t + span
         }
     };
     let gaps = find_gaps(&traj.ops);
@@ -187,7 +188,7 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
             ..Plan::default()
         };
     }
-    // Positions p in (a, b) (doubled coordinates) whose time is within [lo_t, hi_t].
+    // Positions p in (a, b) whose time is within [lo_t, hi_t] (b <= n, so p < n).
     let window = |g: &Gap, lo_t: f64, hi_t: f64| -> Option<(usize, usize)> {
         let (mut lo, mut hi) = (g.a + 1, g.b.checked_sub(1)?);
         if lo > hi {
@@ -233,9 +234,7 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
         if e <= 0 {
             break;
         }
-        let covers = |w: Option<(usize, usize)>| {
-            w.is_some_and(|(lo, hi)| (lo <= p && p <= hi) || (lo <= p + n && p + n <= hi))
-        };
+        let covers = |w: Option<(usize, usize)>| w.is_some_and(|(lo, hi)| lo <= p && p <= hi);
         let pick = hidden
             .iter()
             .find(|&&i| !is_chosen[i] && covers(own[i]) && free_of(&chosen, &gaps, i));
@@ -243,7 +242,8 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
             Some(&i) => {
                 is_chosen[i] = true;
                 chosen.push(i);
-                add_window(&mut tree, own[i].unwrap(), n, -(gaps[i].bytes as i64));
+                let (lo, hi) = own[i].unwrap();
+                tree.add(lo, hi, -(gaps[i].bytes as i64));
             }
             None => {
                 // Nothing can cover this position: leave it, look at the rest.
@@ -267,17 +267,17 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
     chosen.retain(|&c| {
         let (lo, hi) = own[c].expect("chosen gaps have a window");
         let bytes = gaps[c].bytes as i64;
-        let fits = |q: usize, tree: &MaxTree| q > hi || range_max(tree, (q, hi), n) + bytes <= 0;
+        let fits = |q: usize, tree: &MaxTree| q > hi || tree.query(q, hi) + bytes <= 0;
         // At the latest from the window's end: later, its copy could not land before
         // the access (it then stands above the cap at the window's end, within the
         // budget's headroom).
         let first = partition(lo, hi + 1, |q| !fits(q, &tree));
         if first == lo {
-            add_window(&mut tree, (lo, hi), n, bytes);
+            tree.add(lo, hi, bytes);
             return false;
         }
         let q = first.min(hi);
-        add_window(&mut tree, (q, hi), n, bytes);
+        tree.add(q, hi, bytes);
         back[c] = q;
         true
     });
@@ -372,35 +372,6 @@ fn find_gaps(ops: &[LoggedOp]) -> Vec<Gap> {
     // Deterministic order (the map's is not).
     gaps.sort_by_key(|g| (g.a, g.b));
     gaps
-}
-
-/// The maximum over a window in doubled coordinates.
-fn range_max(tree: &MaxTree, (lo, hi): (usize, usize), n: usize) -> i64 {
-    if lo > hi {
-        return i64::MIN;
-    }
-    if hi < n {
-        tree.query(lo, hi)
-    } else if lo >= n {
-        tree.query(lo - n, hi - n)
-    } else {
-        tree.query(lo, n - 1).max(tree.query(0, hi - n))
-    }
-}
-
-/// Adds `v` over a window in doubled coordinates.
-fn add_window(tree: &mut MaxTree, (lo, hi): (usize, usize), n: usize, v: i64) {
-    if lo > hi {
-        return;
-    }
-    if hi < n {
-        tree.add(lo, hi, v);
-    } else if lo >= n {
-        tree.add(lo - n, hi - n, v);
-    } else {
-        tree.add(lo, n - 1, v);
-        tree.add(0, hi - n, v);
-    }
 }
 
 /// First `p` in `[lo, hi)` with `!pred(p)` (pred true on a prefix); `hi` if none.
