@@ -127,6 +127,7 @@ def main():
         r["peak_reserved_bytes"] = s["reserved"]["peak"]
         r["memcast_forecasts_used"] = s.get("forecasts_used")
         r["memcast_advice_applied"] = s.get("advice_applied")
+        r["memcast_placement"] = s.get("placement")
     if args.mode == "memcast-pool":
         # use_mem_pool routes only this thread's allocations (autograd's backward runs
         # on its own thread and uses PyTorch's native pool): the process's total is

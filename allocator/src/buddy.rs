@@ -379,6 +379,31 @@ impl BuddyPool {
         }
     }
 
+    /// Where a run `[off, off + len)` of segment `seg` can go, if that range lies in
+    /// one free block. O(blocks of the segment up to `off`).
+    pub fn spot_at(&self, seg: u32, off: u64, len: u64) -> Option<Spot> {
+        let s = self.segs.get(seg)?;
+        if !s.live || off.checked_add(len)? > s.mapped {
+            return None;
+        }
+        let free = self.ext.containing(seg, off, len)?;
+        Some(Spot { seg, off, free })
+    }
+
+    /// [`BuddyPool::spot_at`], searching from block `from` (a run at or left of
+    /// `off`) when given.
+    pub fn spot_near(&self, seg: u32, from: Option<u32>, off: u64, len: u64) -> Option<Spot> {
+        let Some(from) = from else {
+            return self.spot_at(seg, off, len);
+        };
+        let s = self.segs.get(seg)?;
+        if !s.live || off.checked_add(len)? > s.mapped {
+            return None;
+        }
+        let free = self.ext.containing_from(seg, from, off, len)?;
+        Some(Spot { seg, off, free })
+    }
+
     /// True iff `[off, off + len)` of segment `seg` is entirely Free.
     pub fn is_free_range(&self, seg: u32, off: u64, len: u64) -> bool {
         let s = &self.segs[seg];

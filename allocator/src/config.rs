@@ -33,6 +33,18 @@ pub enum Release {
     Immediate,
 }
 
+/// Where large runs go (see `placement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// Best fit (or buddy order, `best_fit:false`) at each request: the past only.
+    BestFit,
+    /// The offsets the last iteration's plan gives (learned at
+    /// `Allocator::iteration_boundary`), best fit where it has none or its range is
+    /// taken.
+    Planned,
+}
+
 /// The allocator's knobs. `AllocConfig::default()` is what `memcast` uses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -84,6 +96,13 @@ pub struct AllocConfig {
     /// Where a run goes: best fit over coalesced free extents (`true`), or the classic
     /// buddy choice, the smallest free block of a sufficient order (`false`).
     pub best_fit: bool,
+    /// Large runs by best fit alone, or planned from the last iteration
+    /// (`placement:best_fit|planned`; docs/allocator.md).
+    pub placement: Placement,
+    /// A recorded run of the same job (a trace file) whose plan places every large
+    /// run from the first allocation on (`placement_profile:PATH`; implies
+    /// `placement:planned`).
+    pub placement_profile: Option<String>,
     /// Buddy placement only: how many free blocks of the floor order are tried for a run that straddles two
     /// buddies before splitting a larger block (a bounded best-fit search).
     pub run_scan: u32,
@@ -260,6 +279,8 @@ impl Default for AllocConfig {
             cache_max_fraction: 0.5,
             release: Release::OnOom,
             best_fit: true,
+            placement: Placement::BestFit,
+            placement_profile: None,
             run_scan: 16,
             latency_sample_every: 1024,
             max_request: 0,
@@ -274,7 +295,7 @@ impl Default for AllocConfig {
 }
 
 /// The keys a conf string may set.
-pub const KEYS: [&str; 27] = [
+pub const KEYS: [&str; 29] = [
     "min_block",
     "small_max",
     "classes_per_doubling",
@@ -293,6 +314,8 @@ pub const KEYS: [&str; 27] = [
     "cache_max_fraction",
     "release",
     "best_fit",
+    "placement",
+    "placement_profile",
     "run_scan",
     "latency_sample_every",
     "max_request",
@@ -400,6 +423,19 @@ impl AllocConfig {
                 "growth_cap" => self.growth_cap = parse_bytes(v)?,
                 "growth_burst_window" => self.growth_burst_window = int(v)?,
                 "growth_small_chunk" => self.growth_small_chunk = parse_bytes(v)?,
+                "placement" => {
+                    self.placement = match v {
+                        "best_fit" => Placement::BestFit,
+                        "planned" => Placement::Planned,
+                        _ => return Err(AllocError::Config(format!("{k}: best_fit|planned"))),
+                    }
+                }
+                "placement_profile" => {
+                    self.placement_profile = (!v.is_empty()).then(|| v.to_string());
+                    if self.placement_profile.is_some() {
+                        self.placement = Placement::Planned;
+                    }
+                }
                 "coalesce" => {
                     self.coalesce = match v {
                         "immediate" => Coalesce::Immediate,

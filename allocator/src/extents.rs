@@ -519,6 +519,26 @@ impl Extents {
         None
     }
 
+    /// [`Extents::containing`], walking right from block `from` of `seg` (a block
+    /// that starts at or before `off`: a used run left of the range) instead of from
+    /// the segment's first block. O(blocks between the two).
+    pub fn containing_from(&self, seg: u32, from: u32, off: u64, len: u64) -> Option<u32> {
+        let b = self.blks.get(from)?;
+        if b.state == BlkState::Dead || b.seg != seg || b.off > off {
+            return self.containing(seg, off, len);
+        }
+        let mut i = from;
+        while i != NIL {
+            let b = self.blks.at(i);
+            if b.off + b.len > off {
+                let inside = b.off <= off && off + len <= b.off + b.len;
+                return (inside && b.state == BlkState::Free).then_some(i);
+            }
+            i = b.right;
+        }
+        None
+    }
+
     /// Smallest of up to `limit` candidates (newest first) in bin `b` with length >=
     /// `len`; among equal lengths seen, the lowest (segment, offset), except that an
     /// exact-length match ends the scan at once. Walks the bin's list.

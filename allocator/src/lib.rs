@@ -10,6 +10,8 @@
 //! - `slab`: size classes and slabs for small objects;
 //! - `pool` + `maint` + `record` + `run_cache`: the [`Allocator`] (per-stream pools,
 //!   caches of freed runs, growth, release) and its record table;
+//! - [`placement`]: planned placement (the last iteration's plan of where large runs
+//!   go);
 //! - [`policy`]: the decisions a forecaster can take over (growth, release, advice);
 //! - [`predictive`]: predictive mode: the online path from the allocator's events to
 //!   the forecaster, and from its forecasts to advice;
@@ -40,6 +42,7 @@ mod error;
 pub mod extents;
 mod fxmap;
 mod maint;
+pub mod placement;
 pub mod policy;
 mod pool;
 pub mod predictive;

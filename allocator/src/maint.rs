@@ -8,7 +8,7 @@ use crate::policy::{Advice, GrowthRequest, SegmentView};
 use crate::pool::{retire_slab, Allocator, PendingFree, RecState, Record, SLAB_TAG};
 
 impl<B: DeviceBackend> Allocator<B> {
-    fn granule(&self) -> u64 {
+    pub(crate) fn granule(&self) -> u64 {
         self.cfg.segment_granule.max(self.backend.granularity())
     }
 
@@ -136,6 +136,34 @@ impl<B: DeviceBackend> Allocator<B> {
         }
     }
 
+    /// `stream`'s growable segment of kind `small` (slabs or large runs), its address
+    /// range reserved on first use (nothing mapped). The stream's pool must exist.
+    pub(crate) fn growable_segment(
+        &mut self,
+        stream: StreamId,
+        small: bool,
+    ) -> Result<u32, BackendError> {
+        if let Some(s) = self.pools[stream as usize]
+            .as_ref()
+            .and_then(|p| p.growable[small as usize])
+        {
+            return Ok(s);
+        }
+        // Twice the device in address space: fragmentation can never exhaust it
+        // before physical memory runs out (PyTorch: 1.125x).
+        let va = self
+            .backend
+            .capacity()
+            .next_power_of_two()
+            .max(self.granule())
+            * 2;
+        let base = self.backend.reserve_growable(va)?;
+        let pool = self.pools[stream as usize].as_mut().expect("pool");
+        let s = pool.buddy.add_segment(base.0, 0, va, true, small);
+        pool.growable[small as usize] = Some(s);
+        Ok(s)
+    }
+
     /// Obtains device memory for a run of `len` and carves it. Backend errors come back
     /// as they are (the caller retries out-of-memory after releasing caches).
     fn grow(
@@ -147,22 +175,7 @@ impl<B: DeviceBackend> Allocator<B> {
     ) -> Result<Run, BackendError> {
         let granule = self.granule();
         if self.use_growable() {
-            let seg = match self.pools[stream as usize]
-                .as_ref()
-                .and_then(|p| p.growable[small as usize])
-            {
-                Some(s) => s,
-                None => {
-                    // Twice the device in address space: fragmentation can never
-                    // exhaust it before physical memory runs out (PyTorch: 1.125x).
-                    let va = self.backend.capacity().next_power_of_two().max(granule) * 2;
-                    let base = self.backend.reserve_growable(va)?;
-                    let pool = self.pools[stream as usize].as_mut().expect("pool");
-                    let s = pool.buddy.add_segment(base.0, 0, va, true, small);
-                    pool.growable[small as usize] = Some(s);
-                    s
-                }
-            };
+            let seg = self.growable_segment(stream, small)?;
             let pool = self.pools[stream as usize].as_ref().expect("pool");
             let (base, mapped) = {
                 let s = &pool.buddy.segs[seg];
@@ -736,6 +749,6 @@ impl<B: DeviceBackend> Allocator<B> {
                 self.backend.used()
             ));
         }
-        Ok(())
+        self.check_placement()
     }
 }

@@ -168,6 +168,9 @@ pub struct Allocator<B: DeviceBackend> {
     /// Predictive mode's online path (`None`: reactive, and the hot paths pay one
     /// untaken branch).
     pub(crate) online: Option<Box<crate::predictive::online::OnlinePath>>,
+    /// Planned placement's log and plans (`None`: best fit alone, and the large-run
+    /// paths pay one untaken branch).
+    pub(crate) placement: Option<Box<crate::placement::Placement>>,
 }
 
 impl<B: DeviceBackend> std::fmt::Debug for Allocator<B> {
@@ -205,6 +208,7 @@ impl<B: DeviceBackend> Allocator<B> {
     ) -> Result<Self, AllocError> {
         cfg.validate()?;
         let classes = SizeClasses::new(cfg.min_block, cfg.small_max, cfg.classes_per_doubling);
+        let placement = crate::placement::for_config(&cfg, classes.small_max())?;
         Ok(Allocator {
             backend,
             classes,
@@ -229,6 +233,7 @@ impl<B: DeviceBackend> Allocator<B> {
             },
             in_advice: false,
             online: None,
+            placement,
             cfg,
         })
     }
@@ -305,7 +310,7 @@ impl<B: DeviceBackend> Allocator<B> {
 
     /// A free record id (state Free, its generation kept) for the caller to fill.
     #[inline]
-    fn reserve_record(&mut self) -> u32 {
+    pub(crate) fn reserve_record(&mut self) -> u32 {
         reserve(&mut self.records, &mut self.free_records)
     }
 
@@ -519,6 +524,20 @@ impl<B: DeviceBackend> Allocator<B> {
     /// in the stream's placement index. Everything else is `alloc_large_slow`.
     #[inline]
     fn alloc_large(&mut self, bytes: u64, stream: StreamId) -> Result<u32, AllocError> {
+        if self.placement.is_some() {
+            return self.alloc_large_planned(bytes, stream);
+        }
+        self.alloc_large_best_fit(bytes, stream)
+    }
+
+    /// `alloc_large` by best fit: the cache, then the placement index, then the slow
+    /// path.
+    #[inline]
+    pub(crate) fn alloc_large_best_fit(
+        &mut self,
+        bytes: u64,
+        stream: StreamId,
+    ) -> Result<u32, AllocError> {
         // A mask, not `next_multiple_of` (a 64-bit division, ~9% of a large alloc):
         // `validate` makes min_block a power of two. Wrapping: a request within
         // `min_block` of `u64::MAX` wraps to 0 here, and is over `request_cap`, so it
@@ -763,7 +782,13 @@ impl<B: DeviceBackend> Allocator<B> {
         // A run next to free memory is merged at once: caching it would keep a hole
         // smaller than the merge makes, and a later larger request would grow the
         // device instead (placement around cached runs).
+        if let Some(p) = self.placement.as_deref_mut() {
+            p.freed(stream, id);
+        }
+        // Planned placement caches nothing (a cached run is a used block where the
+        // plan wants free space).
         let deferred = self.cfg.coalesce == Coalesce::Deferred
+            && self.placement.is_none()
             && pool.repeat_score >= 64
             && !pool.buddy.run_has_free_neighbour(seg, blk);
         if deferred {

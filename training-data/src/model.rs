@@ -119,6 +119,24 @@ impl Trace {
     }
 
     /// Sum of the static blocks' requested bytes.
+    /// The trace up to and including its `n`-th iteration boundary (all of it if it
+    /// has fewer): the recording of a shorter run of the same job.
+    pub fn until_boundary(&self, n: usize) -> Trace {
+        let mut seen = 0;
+        let end = self
+            .events
+            .iter()
+            .position(|e| {
+                seen += matches!(e.kind, EventKind::IterationBoundary) as usize;
+                seen == n
+            })
+            .map_or(self.events.len(), |i| i + 1);
+        Trace {
+            events: self.events[..end].to_vec(),
+            ..self.clone()
+        }
+    }
+
     pub fn static_bytes(&self) -> u64 {
         self.static_blocks.iter().map(|b| b.bytes).sum()
     }

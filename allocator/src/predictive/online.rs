@@ -253,10 +253,12 @@ impl<B: DeviceBackend> Allocator<B> {
     }
 
     /// An iteration boundary (a training step's end): the forecaster's steps restart
-    /// here, so iterations line up phase by phase. A no-op in reactive mode. Call it
+    /// here, so iterations line up phase by phase, and planned placement plans the
+    /// next iteration. A no-op in reactive mode with best-fit placement. Call it
     /// once per iteration, between the last free of one and the first allocation of
     /// the next.
     pub fn iteration_boundary(&mut self) {
+        self.plan_placement();
         let Some(o) = self.online.as_deref_mut() else {
             return;
         };

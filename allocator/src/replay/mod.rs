@@ -368,6 +368,7 @@ impl<B: DeviceBackend> ReplayTarget for Allocator<B> {
             "forecasts_used": s.forecasts_used,
             "advice_applied": s.advice_applied,
             "ahead_device_us": s.ahead_device_us,
+            "placement": self.placement_stats(),
             "config": self.config(),
         })
     }

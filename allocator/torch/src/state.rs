@@ -254,7 +254,7 @@ impl Device {
     }
 
     pub fn stats_json(&self) -> String {
-        let (stats, used, capacity, calls, cfg) = {
+        let (stats, used, capacity, calls, cfg, placement) = {
             let a = self.alloc.lock();
             (
                 a.stats().clone(),
@@ -262,6 +262,7 @@ impl Device {
                 a.backend().capacity(),
                 a.backend().call_report(),
                 a.config().clone(),
+                a.placement_stats(),
             )
         };
         let b = self.book();
@@ -278,6 +279,7 @@ impl Device {
                 "failed_frees": b.failed_frees,
                 "device_calls": calls,
                 "predictive": cfg.predictive,
+                "placement": placement,
                 "config": cfg,
             });
             if let Some(e) = extra.as_object() {

@@ -1,0 +1,543 @@
+//! Planned placement (`placement:planned`): the last iteration decides where this
+//! iteration's large runs go.
+//!
+//! A training or inference loop repeats itself: iteration k+1 asks for the same runs in
+//! the same order, with the same lifetimes, as iteration k. Best fit places each run
+//! knowing only the past and fragments the segment at the iteration's peak (PyTorch's
+//! allocators alike: 1-11% above the peak of live bytes on the H200 recordings);
+//! knowing the whole iteration, an offline placement reaches the peak of live bytes
+//! itself ([`solve`]).
+//!
+//! The loop, per stream, on the stream's growable segment for large runs:
+//! 1. *Log.* Each large run allocated in an iteration gets a key, its rounded length
+//!    its context and the ordinal of both in the iteration ([`Key`]), and its
+//!    allocation and free times on the iteration's
+//!    clock (large events counted from the boundary).
+//! 2. *Plan* (at [`Allocator::iteration_boundary`]): the runs live now are fixed, each
+//!    expected to be freed when the run of its key allocated one iteration earlier was
+//!    (or never); the iteration just ended, replayed, is what the next one will ask for.
+//!    [`solve`] places it around the fixed runs. The plan is kept only if its highest
+//!    end is at most what the ended iteration used (it never plans worse than what it
+//!    saw), and computed again only when the last iteration missed or had no plan.
+//! 3. *Serve.* A large allocation whose key has a planned offset is carved exactly
+//!    there if that range of the segment is free (growing the segment to the plan's
+//!    highest end when it lies beyond the mapped bytes); anything else (no plan, a key
+//!    the plan does not know, a range not free because the iteration went otherwise) is
+//!    placed by best fit as without a plan. The plan is advice: a wrong plan costs
+//!    memory, never correctness; every carve is checked against the placement index.
+//!
+//! While planned placement is on, freed runs are not cached (deferred coalescing would
+//! hold them as used blocks where the plan wants free space): a freed run merges with
+//! its free neighbours at once.
+//!
+//! Costs (planned mode only; reactive allocators pay one untaken branch per large
+//! allocation and per run freed): per large allocation two hash lookups (ordinal,
+//! plan) and, with a planned offset, a walk of the segment's blocks to the offset
+//! (`Extents::containing`); per run freed one hash removal; the plan at a boundary
+//! when needed (see [`solve`]).
+//!
+//! [`Allocator::iteration_boundary`]: crate::Allocator::iteration_boundary
+
+mod profile;
+mod serve;
+pub mod solve;
+
+use profile::{Keys, Profile};
+
+use crate::config::AllocConfig;
+use crate::error::AllocError;
+
+/// The placement state `cfg` asks for: `None` under best fit; under planned placement
+/// with a profile, the profile's plan (the trace is read and planned here; an
+/// unreadable one is an error naming the file).
+pub(crate) fn for_config(
+    cfg: &AllocConfig,
+    small_max: u64,
+) -> Result<Option<Box<Placement>>, AllocError> {
+    if cfg.placement != crate::config::Placement::Planned {
+        return Ok(None);
+    }
+    let Some(path) = cfg.placement_profile.as_deref() else {
+        return Ok(Some(Box::default()));
+    };
+    let trace = memcast_trace::io::load_trace(std::path::Path::new(path))
+        .map_err(|e| AllocError::Config(format!("placement_profile {path}: {e}")))?;
+    Ok(Some(Box::new(Placement::for_trace(
+        &trace,
+        small_max,
+        cfg.min_block,
+    ))))
+}
+
+use crate::fxmap::FxMap;
+use solve::{Fixed, Want};
+
+/// A run's identity across iterations: its rounded length, its context (the lengths
+/// of the two large allocations before it in the iteration) and the ordinal of that
+/// (length, context) pair in the iteration. The context keeps an iteration whose
+/// start differs (the first one, which also loads the model and creates the
+/// optimizer's state) from shifting the keys of everything after: only runs within
+/// two allocations of a difference change key.
+pub type Key = (u64, u64, u32);
+
+/// Where the plan wants a large allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// Offset `off` of segment `seg` (the in-run plan).
+    Plan { seg: u32, off: u64 },
+    /// Offset `off` of the stream's growable segment (the profile).
+    Profile { off: u64 },
+}
+
+/// What planned placement did (`Allocator::placement_stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PlacementStats {
+    /// Large allocations carved at their planned offset.
+    pub planned_hits: u64,
+    /// Large allocations with a planned offset whose range was not free (placed by
+    /// best fit instead).
+    pub planned_misses: u64,
+    /// Large allocations under a plan whose key it did not know.
+    pub unplanned: u64,
+    /// Plans computed, and plans kept (no higher than the iteration they came from).
+    pub plans: u64,
+    pub plans_kept: u64,
+    /// The highest end offset of the last plan kept (bytes of its segment).
+    pub plan_high: u64,
+    /// Large allocations carved where a placement profile planned them, and those
+    /// whose planned range was not free or whose key the profile did not know.
+    pub profile_hits: u64,
+    pub profile_misses: u64,
+    /// The highest end offset of the profile's plan (stream 0's, if it has one).
+    pub profile_high: u64,
+}
+
+/// A large run this iteration allocated.
+#[derive(Debug, Clone, Copy)]
+struct Item {
+    key: Key,
+    len: u64,
+    alloc: u32,
+    // Invariant: free == u32::MAX while the run is live.
+    free: u32,
+}
+
+/// A live large run of the stream.
+#[derive(Debug, Clone, Copy)]
+struct Live {
+    key: Key,
+    seg: u32,
+    growable: bool,
+    off: u64,
+    len: u64,
+    /// The iteration it was allocated in, and its index in that iteration's items.
+    iteration: u64,
+    item: u32,
+}
+
+/// One stream's log and plan.
+#[derive(Debug, Default)]
+struct StreamPlan {
+    /// Large events since the boundary.
+    clock: u32,
+    iteration: u64,
+    /// Keys since the boundary.
+    keys: Keys,
+    /// The plan of a whole recorded run, while it serves.
+    profile: Option<Profile>,
+    items: Vec<Item>,
+    // Invariant: one entry per live large run of the stream (record id -> run).
+    live: FxMap<u32, Live>,
+    // Invariant: by_off = {(l.off, id) : (id, l) in live, l in the growable segment}.
+    /// The live runs of the growable segment by offset: the run left of a planned
+    /// offset starts the search for the free block there (`Extents::containing_from`).
+    by_off: std::collections::BTreeMap<u64, u32>,
+    /// Keys of runs allocated in the previous iteration and freed in this one, with the
+    /// clock of their free: when a run of that key allocated now will be freed.
+    wrap: FxMap<Key, u32>,
+    /// The plan of this iteration: key -> offset in segment `seg`.
+    plan: FxMap<Key, u64>,
+    seg: u32,
+    high: u64,
+    /// Misses this iteration (a new plan is computed at the boundary if any).
+    misses: u64,
+    /// The highest end offset of a run in `seg` this iteration.
+    used_high: u64,
+    /// The live runs the plan was made around ([`layout`]): a plan serves the next
+    /// iteration only if it starts from the same layout.
+    planned_layout: u64,
+}
+
+/// An order-independent hash of the live runs of segment `seg`: (key, offset, length)
+/// of each.
+fn layout(live: &FxMap<u32, Live>, seg: u32) -> u64 {
+    live.values()
+        .filter(|l| l.seg == seg)
+        .map(|l| {
+            let h = (l.key.0 ^ l.key.1.rotate_left(17) ^ u64::from(l.key.2).rotate_left(41))
+                .wrapping_mul(crate::fxmap::K)
+                ^ l.off.wrapping_mul(0x2545_f491_4f6c_dd1d)
+                ^ l.len.rotate_left(7);
+            h ^ (h >> 31)
+        })
+        .fold(0u64, u64::wrapping_add)
+}
+
+/// Planned placement's state: one log and plan per stream.
+#[derive(Debug, Default)]
+pub struct Placement {
+    streams: Vec<StreamPlan>,
+    pub stats: PlacementStats,
+}
+
+/// Stream `s`'s log (created on first use).
+fn stream_of(streams: &mut Vec<StreamPlan>, s: u32) -> &mut StreamPlan {
+    let i = s as usize;
+    if i >= streams.len() {
+        streams.resize_with(i + 1, StreamPlan::default);
+    }
+    &mut streams[i]
+}
+
+impl Placement {
+    fn stream(&mut self, s: u32) -> &mut StreamPlan {
+        stream_of(&mut self.streams, s)
+    }
+
+    /// Planned placement with the profile of recorded run `trace` (see `profile`):
+    /// large runs are those of at least `small_max` bytes, rounded to `min_block`.
+    pub fn for_trace(trace: &memcast_trace::Trace, small_max: u64, min_block: u64) -> Self {
+        let mut p = Placement::default();
+        for (stream, prof) in profile::plan_trace(trace, small_max, min_block) {
+            if stream == 0 {
+                p.stats.profile_high = prof.high;
+            }
+            p.stream(stream).profile = Some(prof);
+        }
+        p
+    }
+
+    /// The key of the next large allocation of `len` on `stream`, and where the plan
+    /// wants it (the profile's offset while it serves, else the in-run plan's).
+    #[inline]
+    pub(crate) fn next(&mut self, stream: u32, len: u64) -> (Key, Option<Target>) {
+        let p = stream_of(&mut self.streams, stream);
+        let key = p.keys.next(len);
+        if let Some(pr) = p.profile.as_mut() {
+            if pr.active() {
+                let off = pr.next(len);
+                if off.is_none() {
+                    self.stats.profile_misses += 1;
+                }
+                return (key, off.map(|off| Target::Profile { off }));
+            }
+        }
+        let target = p
+            .plan
+            .get(&key)
+            .map(|&off| Target::Plan { seg: p.seg, off });
+        if target.is_none() && !p.plan.is_empty() {
+            self.stats.unplanned += 1;
+        }
+        (key, target)
+    }
+
+    /// Records the outcome of a planned offset.
+    pub(crate) fn outcome(&mut self, stream: u32, target: Target, hit: bool) {
+        let p = stream_of(&mut self.streams, stream);
+        match (target, hit) {
+            (Target::Profile { .. }, true) => self.stats.profile_hits += 1,
+            (Target::Profile { .. }, false) => {
+                self.stats.profile_misses += 1;
+                if let Some(pr) = p.profile.as_mut() {
+                    pr.missed();
+                }
+            }
+            (Target::Plan { .. }, true) => self.stats.planned_hits += 1,
+            (Target::Plan { .. }, false) => {
+                self.stats.planned_misses += 1;
+                p.misses += 1;
+            }
+        }
+    }
+
+    /// The highest end offset of what `target` belongs to (growth maps up to it).
+    pub(crate) fn high(&self, stream: u32, target: Target) -> u64 {
+        let Some(p) = self.streams.get(stream as usize) else {
+            return 0;
+        };
+        match target {
+            Target::Plan { .. } => p.high,
+            Target::Profile { .. } => p.profile.as_ref().map_or(0, |pr| pr.high),
+        }
+    }
+
+    /// Logs a large run `id` of `len` bytes allocated at `off` of segment `seg` (the
+    /// stream's growable segment if `growable`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn allocated(
+        &mut self,
+        stream: u32,
+        id: u32,
+        key: Key,
+        seg: u32,
+        off: u64,
+        len: u64,
+        growable: bool,
+    ) {
+        let p = self.stream(stream);
+        let alloc = p.clock;
+        p.clock += 1;
+        p.items.push(Item {
+            key,
+            len,
+            alloc,
+            free: u32::MAX,
+        });
+        if growable {
+            p.used_high = p.used_high.max(off + len);
+            p.by_off.insert(off, id);
+        }
+        let item = (p.items.len() - 1) as u32;
+        p.live.insert(
+            id,
+            Live {
+                key,
+                seg,
+                growable,
+                off,
+                len,
+                iteration: p.iteration,
+                item,
+            },
+        );
+    }
+
+    /// Logs the free of large run `id` (a no-op for a run allocated before planned
+    /// placement started).
+    pub(crate) fn freed(&mut self, stream: u32, id: u32) {
+        let p = self.stream(stream);
+        let Some(l) = p.live.remove(&id) else {
+            return;
+        };
+        if l.growable {
+            p.by_off.remove(&l.off);
+        }
+        let now = p.clock;
+        p.clock += 1;
+        if l.iteration == p.iteration {
+            p.items[l.item as usize].free = now;
+        } else if l.iteration + 1 == p.iteration {
+            p.wrap.insert(l.key, now);
+        }
+    }
+
+    /// An iteration boundary: plans the next iteration of each stream from the one
+    /// that ended. `growable(stream)` names the stream's growable segment for large
+    /// runs, if it has one.
+    pub(crate) fn boundary(&mut self, growable: impl Fn(u32) -> Option<u32>) {
+        for s in 0..self.streams.len() {
+            let seg = growable(s as u32);
+            let stats = &mut self.stats;
+            let p = &mut self.streams[s];
+            let end = p.clock;
+            // A profile that ended hands over its last iteration's plan, once.
+            if let (Some(seg), Some(pr)) = (seg, p.profile.as_mut()) {
+                if !pr.active() && !pr.periodic.is_empty() {
+                    p.plan = std::mem::take(&mut pr.periodic);
+                    p.seg = seg;
+                    p.high = pr.high;
+                    p.planned_layout = layout(&p.live, seg);
+                    p.misses = 0;
+                    stats.plans_kept += 1;
+                    stats.plan_high = p.high;
+                }
+            }
+            // While a profile serves and will outlast the next iteration, no plan of
+            // the log's is needed.
+            let profiled = p
+                .profile
+                .as_mut()
+                .is_some_and(|pr| pr.active() && pr.left() > p.items.len() as u64);
+            if let (Some(seg), false) = (seg, profiled) {
+                let needed = p.plan.is_empty()
+                    || p.misses > 0
+                    || p.seg != seg
+                    || layout(&p.live, seg) != p.planned_layout;
+                if needed && !p.items.is_empty() {
+                    stats.plans += 1;
+                    plan(p, seg, end, stats);
+                }
+            }
+            p.iteration += 1;
+            p.clock = 0;
+            p.keys.clear();
+            p.items.clear();
+            p.wrap.clear();
+            p.misses = 0;
+            p.used_high = seg.map_or(0, |seg| {
+                p.live
+                    .values()
+                    .filter(|l| l.seg == seg)
+                    .map(|l| l.off + l.len)
+                    .max()
+                    .unwrap_or(0)
+            });
+        }
+    }
+
+    /// The live run of `stream`'s growable segment that starts nearest at or below
+    /// `off` (its record id). O(log runs).
+    pub(crate) fn left_of(&self, stream: u32, off: u64) -> Option<u32> {
+        let p = self.streams.get(stream as usize)?;
+        p.by_off.range(..=off).next_back().map(|(_, &id)| id)
+    }
+
+    /// The logged live runs overlapping `target`'s range (diagnostics).
+    pub(crate) fn occupants(&self, stream: u32, target: Target, len: u64) -> Vec<String> {
+        let Some(p) = self.streams.get(stream as usize) else {
+            return Vec::new();
+        };
+        let (seg, off) = match target {
+            Target::Plan { seg, off } => (Some(seg), off),
+            Target::Profile { off } => (None, off),
+        };
+        p.live
+            .values()
+            .filter(|l| seg.is_none_or(|s| s == l.seg) && l.off < off + len && off < l.off + l.len)
+            .map(|l| {
+                let planned = p.plan.get(&l.key);
+                let item = (l.iteration == p.iteration).then(|| p.items[l.item as usize]);
+                format!(
+                    "key {:?} at {} len {} it {} planned {:?} alloc {:?} clock {}",
+                    l.key,
+                    l.off,
+                    l.len,
+                    l.iteration,
+                    planned,
+                    item.map(|i| i.alloc),
+                    p.clock
+                )
+            })
+            .collect()
+    }
+
+    /// Checks the log against the allocator's live runs: `live_runs` yields (stream,
+    /// record id, segment, offset, length) of every live large run. Every logged run
+    /// must be one of them, where the log says.
+    pub(crate) fn check(
+        &self,
+        live_runs: impl Iterator<Item = (u32, u32, u32, u64, u64)>,
+    ) -> Result<(), String> {
+        let mut seen = 0usize;
+        for (s, id, seg, off, len) in live_runs {
+            let Some(p) = self.streams.get(s as usize) else {
+                continue;
+            };
+            if let Some(l) = p.live.get(&id) {
+                if (l.seg, l.off, l.len) != (seg, off, len) {
+                    return Err(format!(
+                        "placement log: run {id} at seg {} off {} len {}, allocator says seg {seg} off {off} len {len}",
+                        l.seg, l.off, l.len
+                    ));
+                }
+                seen += 1;
+            }
+        }
+        for p in &self.streams {
+            let g = p.live.values().filter(|l| l.growable).count();
+            let agree = p
+                .by_off
+                .iter()
+                .all(|(off, id)| p.live.get(id).is_some_and(|l| l.growable && l.off == *off));
+            if g != p.by_off.len() || !agree {
+                return Err(format!(
+                    "placement log: {} runs by offset, {g} live in the growable segment",
+                    p.by_off.len()
+                ));
+            }
+        }
+        let logged: usize = self.streams.iter().map(|p| p.live.len()).sum();
+        if seen != logged {
+            return Err(format!(
+                "placement log: {logged} runs logged live, {seen} of them live in the allocator"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Plans stream `p`'s next iteration in segment `seg` from the one that ended at clock
+/// `end`; keeps the plan if it is no higher than what that iteration used.
+fn plan(p: &mut StreamPlan, seg: u32, end: u32, stats: &mut PlacementStats) {
+    let fixed: Vec<Fixed> = p
+        .live
+        .values()
+        .filter(|l| l.seg == seg)
+        .map(|l| Fixed {
+            off: l.off,
+            len: l.len,
+            until: if l.iteration == p.iteration {
+                p.wrap.get(&l.key).copied().unwrap_or(u32::MAX)
+            } else {
+                u32::MAX
+            },
+        })
+        .collect();
+    let wants: Vec<Want> = p
+        .items
+        .iter()
+        .map(|i| {
+            Want::new(
+                i.len,
+                i.alloc,
+                if i.free == u32::MAX { end } else { i.free },
+            )
+        })
+        .collect();
+    // Each run is hinted at its predecessor's offset (the live run of its key
+    // allocated in the iteration that ended).
+    let before: FxMap<Key, u64> = p
+        .live
+        .values()
+        .filter(|l| l.seg == seg && l.iteration == p.iteration)
+        .map(|l| (l.key, l.off))
+        .collect();
+    let hints: Vec<Option<u64>> = p
+        .items
+        .iter()
+        .map(|i| before.get(&i.key).copied())
+        .collect();
+    let (offs, high) = solve::solve_with_hints(&wants, &fixed, &hints);
+    if tracing::enabled!(tracing::Level::TRACE) {
+        for l in p.live.values().filter(|l| l.seg == seg) {
+            tracing::trace!(key = ?l.key, off = l.off, len = l.len, iteration = l.iteration,
+                until = ?p.wrap.get(&l.key), "fixed");
+        }
+    }
+    let seen = p
+        .used_high
+        .max(fixed.iter().map(|f| f.off + f.len).max().unwrap_or(0));
+    tracing::debug!(
+        iteration = p.iteration,
+        runs = wants.len(),
+        fixed = fixed.len(),
+        fixed_bytes = fixed.iter().map(|f| f.len).sum::<u64>(),
+        high,
+        seen,
+        misses = p.misses,
+        kept = high <= seen,
+        "placement plan"
+    );
+    p.plan.clear();
+    p.high = 0;
+    p.planned_layout = layout(&p.live, seg);
+    if high <= seen {
+        p.plan
+            .extend(p.items.iter().zip(offs).map(|(i, o)| (i.key, o)));
+        p.seg = seg;
+        p.high = high;
+        stats.plans_kept += 1;
+        stats.plan_high = high;
+    }
+}
