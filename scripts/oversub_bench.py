@@ -152,7 +152,7 @@ def measure(model, batch, method):
             row["peak_reserved"] = max(i["peak_reserved"] for i in timed)
             row["memcast"] = {
                 "modes": timed[-1]["modes"],
-                "counts": {m: timed[-1]["modes"].count(m) for m in ("keep", "offload", "recompute")},
+                "counts": {m: timed[-1]["modes"].count(m) for m in ("keep", "offload", "recompute", "offload_input")},
                 "per_step": [{k: v for k, v in i.items() if k != "modes"} for i in timed],
                 "warmup_peaks": [i["peak_allocated"] for i in its[:-TIMED]],
                 "predicted": s["predicted"], "headroom": s["headroom"], "link": s["link"],
