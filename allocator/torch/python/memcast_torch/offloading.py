@@ -73,7 +73,7 @@ class _Shape(object):
 class Offload(object):
     def __init__(self, blocks, budget, host_bytes=8 << 30, margin=0.92, window=6 << 30,
                  spill_inflight=4 << 30, min_bytes=1 << 20, modes=None, device=None,
-                 verbose=None, segments=True, segment_cap=None):
+                 verbose=None, segments=True, segment_cap=None, offload_inputs=True):
         self.blocks = list(blocks)
         if not self.blocks:
             raise ValueError("offload: no blocks")
@@ -103,6 +103,7 @@ class Offload(object):
             for p in b.parameters():
                 self.params.add(p.data_ptr())
         self.segments_on = segments
+        self.offload_inputs = bool(offload_inputs)
         self.segment_cap = segment_cap
         self.segs = {}
         self.shapes = {}
@@ -382,7 +383,8 @@ class Offload(object):
         sh.unmeasured = True
         try:
             sh.modes, sh.pred = P.make_plan(sh.prof, headroom, self.link,
-                                            min_offload_bytes=self.min_bytes, freed=sh.freed)
+                                            min_offload_bytes=self.min_bytes, freed=sh.freed,
+                                            inputs=self.offload_inputs)
         except P.PlanError:
             # Even recomputing everything (inputs offloaded) is predicted above the
             # target: the calibration step's modes, and let the next measured step say.
@@ -457,7 +459,7 @@ class Offload(object):
         sh.prof = prof
         sh.base = base
         link = self.link
-        need = P.min_peak(base, prof, link)
+        need = P.min_peak(base, prof, link if self.offload_inputs else None)
         if need > self.budget:
             inputs = sum(p.inp for p in prof)
             raise P.PlanError(
@@ -477,7 +479,7 @@ class Offload(object):
         excess = kept - (self.margin - 0.1) * self.budget
         sh.cal_modes = [P.RECOMPUTE] * len(prof)
         sh.cal_freed = 0
-        if kept > self.budget:
+        if kept > self.budget and self.offload_inputs:
             sh.cal_modes = P.calibration_modes(prof, link, excess, self.min_bytes)
             sh.cal_freed = P.simulate(prof, sh.cal_modes, link, None, cap=0)["inputs_freed"]
 

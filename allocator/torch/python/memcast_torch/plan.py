@@ -353,14 +353,28 @@ def _input_pass(prof, modes, headroom, link, min_bytes, freed, cap=None, until=N
     return modes
 
 
-def make_plan(prof, headroom, link, min_offload_bytes=16 << 20, freed=None):
+def make_plan(prof, headroom, link, min_offload_bytes=16 << 20, freed=None, inputs=True):
     """The modes (one per block) of the fastest plan found within ``headroom`` bytes
     above the all-recompute plan's peak, and its prediction (``simulate``'s dict).
     ``freed``: as in ``simulate``. When recomputing every block does not fit, inputs of
-    recomputed blocks are offloaded (in forward order) until it does."""
+    recomputed blocks are offloaded (in forward order) until it does. ``inputs=False``:
+    no input is offloaded."""
     n = len(prof)
     base = [RECOMPUTE] * n
     least = simulate(prof, base, link, freed)["extra"]
+    if not inputs:
+        if least > headroom:
+            raise PlanError(
+                "no plan fits: recomputing every block already needs %.2f GB more than "
+                "the budget allows" % ((least - headroom) / 1e9))
+        candidates = [_keep_pass(prof, _offload_pass(prof, base, headroom, link,
+                                                     min_offload_bytes, freed),
+                                 headroom, link, freed),
+                      _offload_pass(prof, _keep_pass(prof, base, headroom, link, freed),
+                                    headroom, link, min_offload_bytes, freed)]
+        sims = [simulate(prof, m, link, freed) for m in candidates]
+        k = min(range(len(candidates)), key=lambda j: sims[j]["step_s"])
+        return candidates[k], sims[k]
     if least > headroom:
         base = _input_pass(prof, base, headroom, link, min_offload_bytes, freed,
                            until=headroom)

@@ -141,6 +141,9 @@ def test_offloaded_inputs_fit_a_budget_below_recomputing_everything():
     # Without offloading inputs (their bytes under the size offloaded) it cannot fit.
     with pytest.raises(P.PlanError):
         P.make_plan(prof, -1.5 * GB, link, min_offload_bytes=int(0.5 * GB))
+    with pytest.raises(P.PlanError):
+        P.make_plan(prof, -1.5 * GB, link, inputs=False)
+    assert P.OFFLOAD_INPUT not in P.make_plan(prof, 0.5 * GB, link, inputs=False)[0]
 
 
 def test_the_memory_offloaded_inputs_free_is_spent_on_keeping():
