@@ -38,7 +38,7 @@ class _Spilled(object):
     """A storage saved for backward and spilled to the host pool."""
 
     __slots__ = ("dev", "nbytes", "host", "addr", "ev_out", "ev_in", "prefetched",
-                 "uses", "order", "consumed", "key", "block", "is_input")
+                 "uses", "order", "consumed", "key", "block")
 
     def __init__(self):
         self.dev = None
@@ -507,16 +507,9 @@ class Offload(object):
     def _spill(self, t, st):
         n = st.nbytes()
         self._poll_spills()
-        is_input = self.spill_only is not None
-        # Offloaded blocks' spills in flight are bounded (their device copies are
-        # memory a recomputed block would not hold); a recomputed block's input in
-        # flight holds what its checkpoint would hold anyway.
-        while not is_input:
-            blocks = [s for s in self.inflight if not s.is_input]
-            if not blocks or sum(s.nbytes for s in blocks) + n <= self.spill_inflight:
-                break
+        while self.inflight and sum(s.nbytes for s in self.inflight) + n > self.spill_inflight:
             w = time.perf_counter()
-            blocks[0].ev_out.synchronize()
+            self.inflight[0].ev_out.synchronize()
             self.it["host_wait_s"] += time.perf_counter() - w
             self._poll_spills()
         host, addr = self.pool.alloc(n)
@@ -525,7 +518,6 @@ class Offload(object):
             return None
         s = _Spilled()
         s.nbytes, s.host, s.addr = n, host, addr
-        s.is_input = is_input
         s.order = len(self.spilled)
         s.key = st.data_ptr()
         s.block = self.cur_block

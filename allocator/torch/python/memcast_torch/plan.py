@@ -21,16 +21,13 @@ Costs relative to recomputing a block (the plan every budget-feasible run starts
   (``stall``) when the link has not brought them in time. Bytes whose spill has not
   completed by the end of the forward are still on the device at the peak; at each
   prefetch's issue the bytes in flight count against what backward has freed by then
-  (measured in the all-recompute step, ``freed``); more than ``Link.inflight`` bytes
-  of these spills in flight make the forward wait (the engine's CPU waits for the
-  oldest copy);
+  (measured in the all-recompute step, ``freed``); more than ``Link.inflight`` spill
+  bytes in flight make the forward wait (the engine's CPU waits for the oldest copy);
 - recompute: the block's forward again in backward;
 - offload_input: recomputed, and the one tensor it keeps, its input, leaves on the
   same link when the block starts and comes back before backward recomputes it (issued
   as an offloaded block's tensors are): ``inp`` fewer bytes on the device between the
-  spill's completion and the prefetch (a spill in flight holds what the checkpoint
-  would hold anyway: it does not count against ``Link.inflight``), when the block
-  before it is recomputed too (a
+  spill's completion and the prefetch, when the block before it is recomputed too (a
   kept or offloaded block may save that tensor, its output, itself; the first block's
   input is the caller's).
 
@@ -201,20 +198,16 @@ def simulate(prof, modes, link, freed=None, cap=None):
     spill_done = {}
 
     def enqueue(key, nbytes):
-        # Only offloaded blocks' spills count against the bytes in flight: an input's
-        # holds no memory its checkpoint would not hold anyway.
         nonlocal t, d2h, host_wait
         while pending and pending[0][0] <= t:
             pending.pop(0)
-        if key[0] == "b":
-            while pending and sum(b for _, b in pending) + nbytes > link.inflight:
-                done = pending.pop(0)[0]
-                if done > t:
-                    host_wait += done - t
-                    t = done
+        while pending and sum(b for _, b in pending) + nbytes > link.inflight:
+            done = pending.pop(0)[0]
+            if done > t:
+                host_wait += done - t
+                t = done
         d2h = max(d2h, t) + nbytes / link.d2h
-        if key[0] == "b":
-            pending.append([d2h, nbytes])
+        pending.append([d2h, nbytes])
         spill_done[key] = d2h
 
     for i, p in enumerate(prof):
