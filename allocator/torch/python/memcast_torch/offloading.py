@@ -17,9 +17,12 @@ first argument being the previous block's first output, the other arguments the 
 for all blocks. A forward of the first block with gradients enabled starts an
 iteration. Per input shape, the first iteration profiles the blocks (``_profile``),
 checks the budget (``plan.min_peak``: ``PlanError`` before the step) and runs with every
-block recomputed, measuring its peak and the memory at each block's backward; then the
-planner (``plan.make_plan``) spends the measured headroom, corrected by the measured
-peaks of the next steps (``_adapt``). Offloaded blocks' saved tensors go to the pinned
+block recomputed (inputs offloaded when keeping them all would not fit the budget),
+measuring its peak and the memory at each block's backward; then the planner
+(``plan.make_plan``) spends the measured headroom, corrected by the measured peaks of
+the next steps (``_adapt``). Offloaded blocks' saved tensors, and the inputs of
+recomputed blocks whose mode is ``offload_input`` (saved by their checkpoint through
+the spill hooks around it), go to the pinned
 host pool (``hostpool.py``) on its device-to-host stream (``_spill``) and come back on
 its host-to-device stream at the point ``plan.issue_blocks`` chose, in the previous
 iteration's order (``_prefetch_ahead``); the compute stream waits on a copy's event only
