@@ -11,7 +11,8 @@ Methods: uncapped (no cap: the compute-only ideal), native (capped), save_on_cpu
 (torch.autograd.graph.save_on_cpu(pin_memory=True), capped), checkpoint (ResNet:
 checkpoint_sequential 8 segments, use_reentrant=False; GPT-2:
 gradient_checkpointing_enable(); capped), memcast (memcast_torch.offload, capped),
-memcast_noseg (the same without merging recomputed blocks into segments).
+memcast_noseg (the same without merging recomputed blocks into segments), memcast_noinput
+(the same without offloading recomputed blocks' inputs).
 The cap: torch.cuda.set_per_process_memory_fraction(CAP / total), CAP = 24 GiB.
 Step = forward + backward + optimizer step, synchronized; median of TIMED steps after
 WARM warm-up steps (memcast's first steps profile, calibrate and plan: it gets
@@ -60,7 +61,8 @@ def resnet(batch, method):
         stem = torch.nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool)
         seq = torch.nn.Sequential(stem, *model.layer1, *model.layer2, *model.layer3,
                                   *model.layer4)
-        off = mt.offload(seq, budget=CAP, host_bytes=HOST, segments=method != "memcast_noseg")
+        off = mt.offload(seq, budget=CAP, host_bytes=HOST, segments=method != "memcast_noseg",
+                         offload_inputs=method != "memcast_noinput")
 
     def fwd(x):
         if method == "checkpoint":
@@ -95,7 +97,8 @@ def gpt2(batch, method):
     if method.startswith("memcast"):
         import memcast_torch as mt
         off = mt.offload(model.transformer.h, budget=CAP, host_bytes=HOST,
-                         segments=method != "memcast_noseg")
+                         segments=method != "memcast_noseg",
+                         offload_inputs=method != "memcast_noinput")
 
     def step():
         ids = torch.randint(0, 50257, (batch, 1024), device="cuda")
@@ -152,7 +155,7 @@ def measure(model, batch, method):
             row["peak_reserved"] = max(i["peak_reserved"] for i in timed)
             row["memcast"] = {
                 "modes": timed[-1]["modes"],
-                "counts": {m: timed[-1]["modes"].count(m) for m in ("keep", "offload", "recompute")},
+                "counts": {m: timed[-1]["modes"].count(m) for m in ("keep", "offload", "recompute", "offload_input")},
                 "per_step": [{k: v for k, v in i.items() if k != "modes"} for i in timed],
                 "warmup_peaks": [i["peak_allocated"] for i in its[:-TIMED]],
                 "predicted": s["predicted"], "headroom": s["headroom"], "link": s["link"],

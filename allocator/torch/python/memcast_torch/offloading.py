@@ -17,9 +17,12 @@ first argument being the previous block's first output, the other arguments the 
 for all blocks. A forward of the first block with gradients enabled starts an
 iteration. Per input shape, the first iteration profiles the blocks (``_profile``),
 checks the budget (``plan.min_peak``: ``PlanError`` before the step) and runs with every
-block recomputed, measuring its peak and the memory at each block's backward; then the
-planner (``plan.make_plan``) spends the measured headroom, corrected by the measured
-peaks of the next steps (``_adapt``). Offloaded blocks' saved tensors go to the pinned
+block recomputed (inputs offloaded when keeping them all would not fit the budget),
+measuring its peak and the memory at each block's backward; then the planner
+(``plan.make_plan``) spends the measured headroom, corrected by the measured peaks of
+the next steps (``_adapt``). Offloaded blocks' saved tensors, and the inputs of
+recomputed blocks whose mode is ``offload_input`` (saved by their checkpoint through
+the spill hooks around it), go to the pinned
 host pool (``hostpool.py``) on its device-to-host stream (``_spill``) and come back on
 its host-to-device stream at the point ``plan.issue_blocks`` chose, in the previous
 iteration's order (``_prefetch_ahead``); the compute stream waits on a copy's event only
@@ -65,13 +68,15 @@ class _Shape(object):
         self.calibrating = False
         self.mem_bwd = {}
         self.freed = None
+        self.cal_modes = None    # the calibration step's modes (inputs offloaded or not)
+        self.cal_freed = 0       # its inputs predicted off the device at the forward's end
         self.order = None        # previous iteration's use order of spill ordinals
 
 
 class Offload(object):
     def __init__(self, blocks, budget, host_bytes=8 << 30, margin=0.92, window=6 << 30,
                  spill_inflight=4 << 30, min_bytes=1 << 20, modes=None, device=None,
-                 verbose=None, segments=True, segment_cap=None):
+                 verbose=None, segments=True, segment_cap=None, offload_inputs=True):
         self.blocks = list(blocks)
         if not self.blocks:
             raise ValueError("offload: no blocks")
@@ -94,12 +99,14 @@ class Offload(object):
         self.pool = host_pool(self.device, int(host_bytes))
         bw = self.pool.bw or {}
         self.link = P.Link(d2h=bw.get("d2h", 50e9), h2d=bw.get("h2d", 50e9),
-                           window=self.window, pool=int(host_bytes))
+                           window=self.window, pool=int(host_bytes),
+                           inflight=self.spill_inflight)
         self.params = set()
         for b in self.blocks:
             for p in b.parameters():
                 self.params.add(p.data_ptr())
         self.segments_on = segments
+        self.offload_inputs = bool(offload_inputs)
         self.segment_cap = segment_cap
         self.segs = {}
         self.shapes = {}
@@ -131,15 +138,28 @@ class Offload(object):
             if self.inflight:
                 self._poll_spills()
             mode = self.modes[i]
-            if mode == P.RECOMPUTE and i not in self.segs:
+            if mode in P.RECOMPUTED and i not in self.segs:
                 # Inside a segment recomputed as one: its first block ran it whole.
                 return self.seg_out
             self.seg_out = None
             last = i
-            if mode == P.RECOMPUTE:
+            if mode in P.RECOMPUTED:
                 last = self.segs[i]
                 run = fwd if last == i else self._segment(i, last)
-                out = checkpoint(run, *args, use_reentrant=False, **kwargs)
+                if mode == P.OFFLOAD_INPUT and args and torch.is_tensor(args[0]):
+                    # The checkpoint saves its inputs through the hooks around it (the
+                    # block's own saved tensors go through the checkpoint's hooks):
+                    # the first argument is spilled, the others stay.
+                    self.cur_block = i
+                    self.spill_only = args[0].untyped_storage().data_ptr()
+                    try:
+                        with torch.autograd.graph.saved_tensors_hooks(self._pack,
+                                                                      self._unpack):
+                            out = checkpoint(run, *args, use_reentrant=False, **kwargs)
+                    finally:
+                        self.spill_only = None
+                else:
+                    out = checkpoint(run, *args, use_reentrant=False, **kwargs)
                 if last > i:
                     self.seg_out = out
             elif mode == P.OFFLOAD:
@@ -214,6 +234,7 @@ class Offload(object):
         self.waits = []          # (start, end) timing events around compute waits
         self.use_order = []
         self.seg_out = None
+        self.spill_only = None
         self.bwd_block = len(self.blocks)
         self.cur_block = 0
         self.next_prefetch = 0
@@ -249,22 +270,26 @@ class Offload(object):
         if self.forced is not None:
             sh.modes = list(self.forced)
         elif sh.calibrated is None or sh.calibrating:
-            sh.modes = [P.RECOMPUTE] * len(self.blocks)
+            sh.modes = list(sh.cal_modes)
             sh.calibrated = "pending"
             sh.calibrating = True
         elif sh.needs_plan:
             # The calibration step's peak, plus what the step left allocated beyond
-            # its start (the optimizer's state, created by its first step).
+            # its start (the optimizer's state, created by its first step); inputs the
+            # calibration offloaded count as kept (the planner's frame: every block
+            # recomputed, its input kept), as predicted off the device at the end of
+            # the forward (the most the prediction has off the device at any point).
             sh.needs_plan = False
             peak, cal_base = sh.calibrated
+            peak += sh.cal_freed
             full = self.margin * self.budget - peak - max(0, base - cal_base)
             # The first plan spends half of it; the next ones correct from measured peaks.
             self._plan(sh, full / 2 if full > 0 else full)
         self.modes = sh.modes
-        self.issue = P.issue_blocks(sh.prof, self.modes, self.link)
         # The calibration step recomputes block by block (its memory is measured per
         # block); planned steps merge runs of recomputed blocks into segments.
         cap = 0 if sh.calibrating else self.link.segment_cap
+        self.issue = P.issue_blocks(sh.prof, self.modes, self.link, cap)
         self.segs = P.segments(sh.prof, self.modes, cap)
         self.it_base = base
         self.it_shape = sh
@@ -285,7 +310,7 @@ class Offload(object):
         rec.update({"iteration": self.iteration, "peak_allocated": peak,
                     "modes": list(self.modes),
                     "recomputed_bytes": sum(p.saved for p, m in zip(sh.prof, self.modes)
-                                            if m == P.RECOMPUTE)})
+                                            if m in P.RECOMPUTED)})
         sh.order = [s.order for s in self.use_order] or None
         # What backward did not use: drop the device copies (a copy still in flight
         # keeps its memory through record_stream), give the host ranges back once
@@ -332,8 +357,13 @@ class Offload(object):
         if sh.calibrating:
             sh.calibrated = (peak, self.it_base)
             sh.calibrating = False
-            sh.freed = [peak - sh.mem_bwd[b] if b in sh.mem_bwd else None
-                        for b in range(len(self.blocks))]
+            if sh.cal_freed:
+                # Offloaded inputs came back at times the measurement does not say: the
+                # planner's estimate (the inputs of the blocks after each) is used.
+                sh.freed = None
+            else:
+                sh.freed = [peak - sh.mem_bwd[b] if b in sh.mem_bwd else None
+                            for b in range(len(self.blocks))]
             sh.needs_plan = True
         elif rec["pool_full_bytes"] and sh.fixes < 3:
             # Spills that found the pool full stayed on the device, beyond the plan.
@@ -356,12 +386,12 @@ class Offload(object):
         sh.unmeasured = True
         try:
             sh.modes, sh.pred = P.make_plan(sh.prof, headroom, self.link,
-                                            min_offload_bytes=self.min_bytes, freed=sh.freed)
+                                            min_offload_bytes=self.min_bytes, freed=sh.freed,
+                                            inputs=self.offload_inputs)
         except P.PlanError:
-            # Even recomputing everything is predicted above the target: recompute
-            # everything (the calibration step ran that way) and let the next measured
-            # step say.
-            sh.modes = [P.RECOMPUTE] * len(self.blocks)
+            # Even recomputing everything (inputs offloaded) is predicted above the
+            # target: the calibration step's modes, and let the next measured step say.
+            sh.modes = list(sh.cal_modes)
             sh.pred = P.simulate(sh.prof, sh.modes, self.link, sh.freed)
         if self.verbose:
             import sys
@@ -431,20 +461,37 @@ class Offload(object):
         torch.cuda.set_rng_state(gpu_rng, dev)
         sh.prof = prof
         sh.base = base
-        need = P.min_peak(base, prof)
+        link = self.link
+        need = P.min_peak(base, prof, link if self.offload_inputs else None)
         if need > self.budget:
+            inputs = sum(p.inp for p in prof)
             raise P.PlanError(
                 "offload: the budget of %.2f GB is too small for any plan: the blocks "
                 "alone need at least %.2f GB (%.2f GB allocated before them, %.2f GB of "
-                "block inputs kept for recomputation, %.2f GB for the largest block "
-                "recomputed in backward)" % (
+                "block inputs kept for recomputation, of %.2f GB, the rest offloaded "
+                "before the forward ends, %.2f GB for the largest block recomputed in "
+                "backward)" % (
                     self.budget / 1e9, need / 1e9, base / 1e9,
-                    sum(p.inp for p in prof) / 1e9, max(p.saved for p in prof) / 1e9))
+                    (need - base - max(p.saved for p in prof)) / 1e9, inputs / 1e9,
+                    max(p.saved for p in prof) / 1e9))
+        # The calibration step recomputes every block; when keeping their inputs would
+        # not fit the budget, inputs are offloaded (in forward order) until they are
+        # predicted under the target, with a tenth of the budget to spare for what lies
+        # outside the blocks.
+        kept = P.min_peak(base, prof)
+        excess = kept - (self.margin - 0.1) * self.budget
+        sh.cal_modes = [P.RECOMPUTE] * len(prof)
+        sh.cal_freed = 0
+        if kept > self.budget and self.offload_inputs:
+            sh.cal_modes = P.calibration_modes(prof, link, excess, self.min_bytes)
+            sh.cal_freed = P.simulate(prof, sh.cal_modes, link, None, cap=0)["inputs_freed"]
 
     # ---- spill and prefetch ----------------------------------------------------------
 
     def _pack(self, t):
         if t.device != self.torch_device or t.data_ptr() in self.params:
+            return t
+        if self.spill_only is not None and t.untyped_storage().data_ptr() != self.spill_only:
             return t
         if t.untyped_storage().nbytes() < self.min_bytes:
             self.it["kept_small_bytes"] += t.untyped_storage().nbytes()

@@ -96,6 +96,14 @@ def test_forced_modes_match_the_uncapped_run_bitwise():
         # Runs of recomputed blocks recomputed as one segment each.
         seg = run_conv(True, modes=["recompute"] * 8 + ["offload"] + ["recompute"] * (n - 9),
                        segment_cap=1 << 40)
+        # Recomputed blocks whose input is offloaded: block by block, and as the first
+        # blocks of segments (2..9 and 11..18).
+        in_modes = [("recompute", "offload_input", "offload_input", "keep", "offload")[i % 5]
+                    for i in range(n)]
+        ins = run_conv(True, modes=in_modes)
+        in_seg_modes = (["keep", "keep", "offload_input"] + ["recompute"] * 7 + ["offload"]
+                        + ["offload_input"] + ["recompute"] * (n - 12))
+        in_seg = run_conv(True, modes=in_seg_modes, segment_cap=1 << 40)
         # Control: a prefetch that skips its copy (the device buffer left as allocated)
         # must change the gradients, or the comparison could not fail.
         from memcast_torch import offloading
@@ -107,15 +115,32 @@ def test_forced_modes_match_the_uncapped_run_bitwise():
             return dst
         offloading.Offload._fetch = broken
         bad = run_conv(True, modes=modes)
+        # Only inputs offloaded: the same broken prefetch must change them too (the
+        # inputs do go through the pool).
+        bad_in = run_conv(True, modes=["recompute"] + ["offload_input"] * (n - 1))
         offloading.Offload._fetch = real
         print(json.dumps({"eq": compare(got, ref), "bad": compare(bad, ref), "it": it,
-                          "seg": compare(seg, ref),
+                          "seg": compare(seg, ref), "ins": compare(ins, ref),
+                          "in_seg": compare(in_seg, ref), "bad_in": compare(bad_in, ref),
+                          "ins_it": ins[2]["iters"][-1], "in_seg_it": in_seg[2]["iters"][-1],
+                          "in_pool": in_seg[2]["stats"]["pool"], "n": n,
+                          "bad_in_it": bad_in[2]["iters"][-1],
                           "pool": got[2]["stats"]["pool"], "link": got[2]["stats"]["link"]}))
         """
     )
     assert r["eq"]["bitwise"], r["eq"]
     assert r["seg"]["bitwise"], r["seg"]
+    assert r["ins"]["bitwise"], r["ins"]
+    assert r["in_seg"]["bitwise"], r["in_seg"]
     assert not r["bad"]["bitwise"] and r["bad"]["grad_rel"] > 1e-3, r["bad"]
+    assert not r["bad_in"]["bitwise"] and r["bad_in"]["grad_rel"] > 1e-3, r["bad_in"]
+    for key in ("ins_it", "in_seg_it"):
+        i = r[key]
+        assert i["spilled_bytes"] > 0, i
+        assert i["prefetched_bytes"] + i["demand_bytes"] == i["spilled_bytes"], i
+    # Every block's input but the first's (each 64 x 32 x 32 x 32 fp32, 8 MiB), once.
+    assert r["bad_in_it"]["spilled_bytes"] == (r["n"] - 1) << 23, r["bad_in_it"]
+    assert r["in_pool"]["ranges"] == 0
     it = r["it"]
     assert it["spilled_bytes"] > 0 and it["prefetched_bytes"] + it["demand_bytes"] == it["spilled_bytes"]
     assert it["recomputed_bytes"] > 0
@@ -144,6 +169,49 @@ def test_planned_run_under_a_budget_matches_and_replans_on_a_new_shape():
     modes = r["modes"]
     assert set(modes[0]) == {"recompute"} and set(modes[3]) == {"recompute"}, "calibration steps"
     assert any(m != "recompute" for m in modes[1]), modes[1]
+
+
+def test_a_budget_only_offloaded_inputs_fit_trains_and_matches():
+    r = run(
+        """
+        from memcast_torch import plan as P
+        ref = run_conv(False, steps=6, batch=128)
+        torch.cuda.empty_cache()
+        # The profile of this net at this batch (a budget large enough for anything).
+        seq, head = convnet()
+        off = mt.offload(list(seq), budget=64 << 30, host_bytes=1 << 30, min_bytes=1 << 16)
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        x = torch.randn(128, 3, 32, 32, device="cuda")
+        seq(x).sum().backward()
+        off.flush()
+        st = off.stats()
+        prof = [P.BlockProfile(p["fwd_s"], p["bwd_s"], p["saved"], p["inp"])
+                for p in st["profile"]]
+        link = P.Link(d2h=st["link"]["d2h"], h2d=st["link"]["h2d"], pool=1 << 30)
+        off.remove()
+        del seq, head, off, x
+        torch.cuda.empty_cache()
+        kept = P.min_peak(base, prof)
+        least = P.min_peak(base, prof, link)
+        # Below what every block recomputed with its input kept needs (the bound that
+        # made this an error before inputs could be offloaded), above the least peak
+        # with inputs offloaded.
+        budget = int(least + 0.5 * (kept - least))
+        got = run_conv(True, steps=6, batch=128, budget=budget, min_bytes=1 << 16)
+        its = got[2]["iters"]
+        print(json.dumps({"eq": compare(got, ref), "kept": kept, "budget": budget, "least": least,
+                          "modes": [i["modes"] for i in its],
+                          "spilled": [i["spilled_bytes"] for i in its],
+                          "peaks": [i["peak_allocated"] for i in its]}))
+        """
+    )
+    assert r["least"] < r["budget"] < r["kept"], r
+    assert r["eq"]["bitwise"] or (r["eq"]["grad_rel"] < 1e-6 and r["eq"]["loss_rel"] < 1e-6), r["eq"]
+    cal = r["modes"][0]
+    assert "offload_input" in cal and set(cal) <= {"recompute", "offload_input"}, cal
+    assert all("offload_input" in m for m in r["modes"]), r["modes"]
+    assert all(s > 0 for s in r["spilled"]), r["spilled"]
 
 
 def test_a_budget_too_small_is_an_error_before_the_first_step():

@@ -70,11 +70,15 @@ def run(wrap, modes=None, budget=1 << 30, steps=4, sizes=(16, 16, 16, 24, 24, 24
     return out, None, None
 ref = run(False)[0]
 for modes, cap in ((["offload"] * 6, None), (["keep", "offload", "recompute"] * 2, None),
-                   (None, None), (["recompute"] * 3 + ["offload"] + ["recompute"] * 2, 1 << 40)):
+                   (None, None), (["recompute"] * 3 + ["offload"] + ["recompute"] * 2, 1 << 40),
+                   (["recompute", "offload_input"] * 3, None),
+                   (["recompute", "offload_input", "recompute", "keep", "offload_input", "recompute"], 1 << 40)):
     got, its, st = run(True, modes, cap=cap)
     assert not Pool.live, "host ranges not given back: %s" % Pool.live
     print(modes, got == ref, [(i["spilled_bytes"], i["prefetched_bytes"], i["demand_bytes"]) for i in its][-2:], st["modes"])
     assert got == ref
+    if modes and "offload_input" in modes:
+        assert its[-1]["spilled_bytes"] > 0, its[-1]
 print("ok")
 '''
 
