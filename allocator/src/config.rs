@@ -156,6 +156,10 @@ pub struct Actions {
     /// Under a budget (tiers): carry out an iteration plan (which tensors leave, when,
     /// and when they come back) built from the previous iteration's trajectory.
     pub plan: bool,
+    /// Under a budget (tiers): drop a victim whose producer and recompute cost are known
+    /// instead of spilling it when recomputing it is cheaper than the link time its
+    /// spill would not hide, and plan drops for gaps too short to hide their copies.
+    pub recompute: bool,
 }
 
 impl Default for Actions {
@@ -170,12 +174,14 @@ impl Default for Actions {
             spill: true,
             prefetch: true,
             plan: true,
+            recompute: false,
         }
     }
 }
 
 impl Actions {
-    pub const NAMES: [&'static str; 5] = ["grow", "release", "spill", "prefetch", "plan"];
+    pub const NAMES: [&'static str; 6] =
+        ["grow", "release", "spill", "prefetch", "plan", "recompute"];
 
     pub fn none() -> Self {
         Actions {
@@ -184,6 +190,7 @@ impl Actions {
             spill: false,
             prefetch: false,
             plan: false,
+            recompute: false,
         }
     }
     pub fn all() -> Self {
@@ -193,6 +200,7 @@ impl Actions {
             spill: true,
             prefetch: true,
             plan: true,
+            recompute: true,
         }
     }
     /// `grow+release`, `all`, `none`.
@@ -207,9 +215,10 @@ impl Actions {
                 "spill" => a.spill = true,
                 "prefetch" => a.prefetch = true,
                 "plan" => a.plan = true,
+                "recompute" => a.recompute = true,
                 _ => {
                     return Err(AllocError::Config(format!(
-                        "predictive_actions: unknown action {w:?} (grow, release, spill, prefetch, plan, all, none)"
+                        "predictive_actions: unknown action {w:?} (grow, release, spill, prefetch, plan, recompute, all, none)"
                     )))
                 }
             }
@@ -224,6 +233,7 @@ impl Actions {
             self.spill,
             self.prefetch,
             self.plan,
+            self.recompute,
         ];
         let v: Vec<&str> = Self::NAMES
             .iter()

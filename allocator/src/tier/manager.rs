@@ -75,6 +75,17 @@ pub struct TierStats {
     /// Of `transfer_stall_us`, the part spent in accesses (faults and late
     /// prefetches); the rest was spent making room for allocations.
     pub access_stall_us: f64,
+    /// Tensors dropped instead of spilled, and their bytes.
+    pub drops: u64,
+    pub dropped_bytes: u64,
+    /// Dropped tensors recomputed on the device, their bytes, and the compute time the
+    /// recomputes took (stall: the caller waited for them; not in `transfer_stall_us`).
+    pub recomputes: u64,
+    pub recomputed_bytes: u64,
+    pub recompute_us: f64,
+    /// Of `recomputes`, those made before an input was freed or written rather than
+    /// at the tensor's own access.
+    pub early_recomputes: u64,
 }
 
 impl TierStats {
@@ -119,6 +130,8 @@ pub struct TierManager<B: DeviceBackend> {
     /// Bytes of every registered tensor, wherever it is.
     // Invariant: == sum of the registry's bytes.
     pub(crate) logical: u64,
+    /// Which tensors are recomputable, and what recomputes them.
+    pub(crate) recompute: super::recompute::Recompute<B>,
 }
 
 impl<B: DeviceBackend> std::fmt::Debug for TierManager<B> {
@@ -168,6 +181,7 @@ impl<B: DeviceBackend> TierManager<B> {
             demand: None,
             planner: None,
             logical: 0,
+            recompute: Default::default(),
         })
     }
 
@@ -189,11 +203,12 @@ impl<B: DeviceBackend> TierManager<B> {
     pub fn staging(&self) -> &StagingPool {
         &self.staging
     }
+    /// Tensors registered and not freed by the caller.
     pub fn len(&self) -> usize {
-        self.reg.len()
+        self.reg.len() - self.recompute.retained()
     }
     pub fn is_empty(&self) -> bool {
-        self.reg.is_empty()
+        self.len() == 0
     }
     /// Where a tensor is now.
     pub fn place(&self, h: TensorHandle) -> Result<Place, TierError> {
@@ -243,8 +258,10 @@ impl<B: DeviceBackend> TierManager<B> {
 
     /// Makes `h` device-resident and returns its device address; the tensor is pinned
     /// until the step ends. A tensor on the host is fetched synchronously (a stall); a
-    /// prefetch in flight is waited for; a spill in flight is cancelled.
-    pub fn access(&mut self, h: TensorHandle, _write: bool) -> Result<DevicePtr, TierError> {
+    /// prefetch in flight is waited for; a spill in flight is cancelled; a dropped one
+    /// is recomputed (a stall). A write first recomputes the dropped tensors that take
+    /// `h` as an input (see [`super::recompute`]).
+    pub fn access(&mut self, h: TensorHandle, write: bool) -> Result<DevicePtr, TierError> {
         self.poll()?;
         let stall0 = self.stats.transfer_stall_us;
         let step = self.step;
@@ -253,11 +270,44 @@ impl<B: DeviceBackend> TierManager<B> {
         // it again (the tensor stays where it was, unused by this step).
         let unpinned = e.step;
         e.step = step;
+        let r = self.bring(h).and_then(|p| {
+            if write {
+                self.recompute_before_write(h)?;
+            }
+            Ok(p)
+        });
+        let ptr = match r {
+            Ok(p) => p,
+            Err(err) => {
+                self.unpin(h, unpinned);
+                return Err(err);
+            }
+        };
+        self.stats.access_stall_us += self.stats.transfer_stall_us - stall0;
+        let now = self.alloc.backend().now_us();
+        let e = self.reg.get_mut(h)?;
+        e.touch(now, step);
+        let key = e.key;
+        self.stats.accesses += 1;
+        self.prefetch.on_access(key);
+        let bytes = self.reg.get(h)?.bytes;
+        self.plan_op(h, key, bytes, OpUse::Access)?;
+        self.run_prefetcher()?;
+        self.debug_check();
+        Ok(ptr)
+    }
+
+    /// Makes `h` (pinned by the caller) device-resident wherever it is: cancels a spill
+    /// in flight, waits for a prefetch, faults it in from the host, recomputes it if
+    /// dropped. On an error the tensor stays where it was.
+    pub(crate) fn bring(&mut self, h: TensorHandle) -> Result<DevicePtr, TierError> {
+        let e = self.reg.get_mut(h)?;
         let place = e.place;
-        let ptr = match place {
+        Ok(match place {
             Place::Device { alloc } => {
                 if e.prefetched_unused {
                     self.stats.prefetch_hits += 1;
+                    e.prefetched_unused = false;
                 }
                 alloc.ptr
             }
@@ -286,40 +336,20 @@ impl<B: DeviceBackend> TierManager<B> {
                 alloc, transfer, ..
             } => {
                 self.stats.prefetch_late += 1;
-                if let Err(err) = self.wait_for(transfer) {
-                    self.unpin(h, unpinned);
-                    return Err(err);
-                }
+                self.wait_for(transfer)?;
                 alloc.ptr
             }
             Place::Host { host } => {
                 let bytes = e.bytes;
-                match self.fault_in(h, bytes, host) {
-                    Ok(p) => p,
-                    Err(err) => {
-                        self.unpin(h, unpinned);
-                        return Err(err);
-                    }
-                }
+                self.fault_in(h, bytes, host)?
             }
-        };
-        self.stats.access_stall_us += self.stats.transfer_stall_us - stall0;
-        let now = self.alloc.backend().now_us();
-        let e = self.reg.get_mut(h)?;
-        e.touch(now, step);
-        let key = e.key;
-        self.stats.accesses += 1;
-        self.prefetch.on_access(key);
-        let bytes = self.reg.get(h)?.bytes;
-        self.plan_op(h, key, bytes, OpUse::Access)?;
-        self.run_prefetcher()?;
-        self.debug_check();
-        Ok(ptr)
+            Place::Dropped => self.recompute_in(h)?,
+        })
     }
 
     /// Restores the step of a tensor whose access failed (if it is still on the device
     /// the pin does no harm; elsewhere it would claim a kernel uses it).
-    fn unpin(&mut self, h: TensorHandle, step: u64) {
+    pub(crate) fn unpin(&mut self, h: TensorHandle, step: u64) {
         if let Ok(e) = self.reg.get_mut(h) {
             if !matches!(e.place, Place::Device { .. }) {
                 e.step = step;
@@ -328,20 +358,35 @@ impl<B: DeviceBackend> TierManager<B> {
     }
 
     /// Frees a tensor wherever it is. Buffers of a copy in flight are released when the
-    /// copy completes.
+    /// copy completes. Dropped tensors that take it as an input keep it, out of the
+    /// caller's sight, until they are recomputed (see [`super::recompute`]).
     pub fn free(&mut self, h: TensorHandle) -> Result<(), TierError> {
-        let e = self.reg.remove(h)?;
-        self.prefetch.on_free(e.key, e.bytes);
-        let bytes = e.bytes;
-        if e.prefetched_unused {
+        let (key, bytes, unused) = {
+            let e = self.reg.get(h)?;
+            (e.key, e.bytes, e.prefetched_unused)
+        };
+        if !self.recompute_on_free(h)? {
+            let e = self.reg.remove(h)?;
+            self.release_entry(h, &e)?;
+        }
+        self.prefetch.on_free(key, bytes);
+        if unused {
             self.stats.prefetch_wasted += 1;
         }
+        self.demand_free(bytes)?;
+        self.plan_op(h, key, bytes, OpUse::Free)
+    }
+
+    /// Gives back the memory of removed entry `e` (of `h`) wherever it is. Buffers of a
+    /// copy in flight are released when the copy completes.
+    pub(crate) fn release_entry(&mut self, h: TensorHandle, e: &Entry) -> Result<(), TierError> {
         match e.place {
             // A cancelled spill still reads it: the transfer frees it when done.
             Place::Device { alloc }
                 if e.reader.is_some_and(|t| self.pipe.adopt_device(t, alloc)) => {}
             Place::Device { alloc } => self.alloc.deallocate(alloc, 0)?,
             Place::Host { host } => self.release_host(host)?,
+            Place::Dropped => {}
             Place::SpillingOut {
                 alloc,
                 host,
@@ -369,14 +414,14 @@ impl<B: DeviceBackend> TierManager<B> {
                 }
             }
         }
-        self.demand_free(bytes)?;
-        self.plan_op(h, e.key, bytes, OpUse::Free)
+        Ok(())
     }
 
     /// Waits for every transfer, frees every tensor, gives the pinned pool back and
     /// returns the allocator (whose segments the caller may then release).
     pub fn shutdown(mut self) -> Result<Allocator<B>, TierError> {
         self.synchronize()?;
+        self.recompute_clear()?;
         let live: Vec<TensorHandle> = self.reg.iter().map(|(h, _)| h).collect();
         for h in live {
             self.free(h)?;
@@ -751,6 +796,7 @@ impl PrefetchView for View<'_> {
             Place::Host { .. } => Residency::Host,
             Place::PrefetchingIn { .. } => Residency::Incoming,
             Place::SpillingOut { .. } => Residency::Outgoing,
+            Place::Dropped => Residency::Dropped,
         };
         Some((h, r, e.bytes))
     }

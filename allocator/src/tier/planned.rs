@@ -212,7 +212,7 @@ impl<B: DeviceBackend> TierManager<B> {
 
     fn compute_clock(&self) -> f64 {
         let b = self.alloc.backend();
-        b.now_us() - b.stall_us()
+        b.now_us() - b.stall_us() - self.stats.recompute_us
     }
 
     /// The key under which `h` is logged: its own, unless it is an ordinal of an

@@ -28,9 +28,44 @@ fn manager(seed: u64) -> (TierManager<TestBackend>, FailSwitch) {
     let cfg = TierConfig {
         budget: 2 << 20,
         staging_bytes: 64 << 10,
+        // Half the programs let pressure drop victims too.
+        recompute: seed % 2 == 0,
         ..TierConfig::default()
     };
     (TierManager::new(alloc, cfg).unwrap(), switch)
+}
+
+/// What the test's producer knows: each recomputable tensor's producer output (its
+/// bytes as written in its registration step) and recompute cost, and what it ran.
+#[derive(Default)]
+struct Produced {
+    out: std::collections::HashMap<TensorHandle, (Vec<u8>, f64)>,
+    runs: u64,
+    run_us: f64,
+}
+
+/// A producer that writes the bytes the test recorded for the tensor.
+struct TestProducer(std::sync::Arc<std::sync::Mutex<Produced>>);
+
+impl super::recompute::Producer<TestBackend> for TestProducer {
+    fn run(
+        &mut self,
+        backend: &mut TestBackend,
+        h: TensorHandle,
+        dst: crate::backend::DevicePtr,
+        bytes: u64,
+    ) -> Result<(), crate::backend::BackendError> {
+        let mut p = self.0.lock().unwrap();
+        let (data, us) = p.out.get(&h).cloned().unwrap_or_default();
+        assert!(
+            data.is_empty() || data.len() as u64 == bytes,
+            "tensor {h}: producer output of {} bytes, tensor of {bytes}",
+            data.len()
+        );
+        p.runs += 1;
+        p.run_us += us;
+        backend.write(MemRef::Device(dst), &data)
+    }
 }
 
 fn pattern(seed: u64, len: u64) -> Vec<u8> {
@@ -62,6 +97,10 @@ fn read(m: &mut TierManager<TestBackend>, h: TensorHandle) -> Result<Vec<u8>, Ti
 #[derive(Debug, Clone)]
 enum Cmd {
     Alloc(u64),
+    /// A recomputable tensor: bytes, and a number choosing its recompute cost and up
+    /// to two live inputs.
+    AllocRecomputable(u64, u64),
+    Drop(usize),
     Write(usize, u64),
     Read(usize),
     Spill(usize),
@@ -85,7 +124,9 @@ const PLAN_SIZES: [u64; 4] = [4 << 10, 64 << 10, 128 << 10, 160 << 10];
 fn cmd_with(faults: bool, size: BoxedStrategy<u64>) -> impl Strategy<Value = Cmd> {
     let fail = move |c: Cmd| if faults { c } else { Cmd::Poll };
     prop_oneof![
-        4 => size.prop_map(Cmd::Alloc),
+        4 => size.clone().prop_map(Cmd::Alloc),
+        2 => (size, any::<u64>()).prop_map(|(n, k)| Cmd::AllocRecomputable(n, k)),
+        2 => any::<usize>().prop_map(Cmd::Drop),
         3 => (any::<usize>(), any::<u64>()).prop_map(|(i, s)| Cmd::Write(i, s)),
         4 => any::<usize>().prop_map(Cmd::Read),
         3 => any::<usize>().prop_map(Cmd::Spill),
@@ -170,7 +211,11 @@ fn run_program_with(seed: u64, cmds: &[Cmd], plan: Plan) -> Result<(usize, u64),
             Some(Box::new(LyingSource(seed | 1))),
         )),
     }
+    let produced = std::sync::Arc::new(std::sync::Mutex::new(Produced::default()));
+    m.set_producer(Box::new(TestProducer(produced.clone())));
     let mut live: Vec<(TensorHandle, Vec<u8>)> = Vec::new();
+    // A write in the step a recomputable tensor was registered in is its producer's.
+    let mut declared: std::collections::HashMap<TensorHandle, u64> = Default::default();
     let ok_err = |e: &TierError| {
         matches!(
             e,
@@ -187,11 +232,44 @@ fn run_program_with(seed: u64, cmds: &[Cmd], plan: Plan) -> Result<(usize, u64),
                     write(&mut m, h, &data)?;
                     live.last_mut().expect("pushed").1 = data;
                 }
+                Cmd::AllocRecomputable(n, k) => {
+                    let us = 1.0 + (k % 50) as f64;
+                    let opts = TensorOpts {
+                        recompute_us: us,
+                        recompute_prob: 0.5,
+                        ..TensorOpts::default()
+                    };
+                    // Its producer reads its inputs in the step that makes it.
+                    let ins: Vec<TensorHandle> = (0..(k >> 8) % 3)
+                        .filter(|_| !live.is_empty())
+                        .map(|j| live[((k >> (16 + 8 * j)) as usize) % live.len()].0)
+                        .collect();
+                    for &i in &ins {
+                        m.access(i, false)?;
+                    }
+                    let h = m.register(n, opts)?;
+                    live.push((h, Vec::new()));
+                    m.set_recomputable(h, &ins)?;
+                    declared.insert(h, m.step);
+                    produced.lock().unwrap().out.insert(h, (Vec::new(), us));
+                    let data = pattern(seed ^ k, n);
+                    write(&mut m, h, &data)?;
+                    produced.lock().unwrap().out.insert(h, (data.clone(), us));
+                    live.last_mut().expect("pushed").1 = data;
+                }
+                Cmd::Drop(i) if !live.is_empty() => {
+                    m.drop_tensor(live[i % live.len()].0)?;
+                }
                 Cmd::Write(i, s) if !live.is_empty() => {
                     let i = i % live.len();
                     let h = live[i].0;
                     let data = pattern(s, m.bytes(h)?);
                     write(&mut m, h, &data)?;
+                    if declared.get(&h) == Some(&m.step) {
+                        if let Some(o) = produced.lock().unwrap().out.get_mut(&h) {
+                            o.0 = data.clone();
+                        }
+                    }
                     live[i].1 = data;
                 }
                 Cmd::Read(i) if !live.is_empty() => {
@@ -249,6 +327,14 @@ fn run_program_with(seed: u64, cmds: &[Cmd], plan: Plan) -> Result<(usize, u64),
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     m.check_invariants()
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    {
+        // Every recompute served was charged, with its own cost, and nothing else was.
+        let p = produced.lock().unwrap();
+        let s = m.stats();
+        prop_assert_eq!(s.recomputes, p.runs);
+        prop_assert!((s.recompute_us - p.run_us).abs() < 1e-6);
+        prop_assert!(s.recomputes <= s.drops);
+    }
     // Free half by hand (wherever they are), the rest at shutdown.
     for (h, _) in live.iter().step_by(2) {
         m.free(*h).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -782,4 +868,144 @@ fn an_iteration_of_a_known_shape_is_planned_from_the_last_of_that_shape() {
     let s = &m.planner().unwrap().stats;
     assert!(s.replans >= 4, "{s:?}");
     assert!(s.spills > 0 && s.prefetches > 0, "{s:?}");
+}
+
+/// The producer inputs found from `TensorMeta` are tensors live when the tensor was
+/// made, and recomputable tensors of the synthetic families have them; replays that
+/// drop and recompute complete with every invariant, and charge each recompute.
+#[test]
+fn synthetic_tensors_are_recomputed_with_their_cost_charged() {
+    use memcast_trace::synth::{generate, Family, SynthConfig};
+    for fam in [Family::Mlp, Family::Cnn, Family::Transformer] {
+        let cfg = SynthConfig {
+            iterations: 2,
+            ..SynthConfig::preset(fam)
+        };
+        let t = generate(&cfg).unwrap();
+        let ins = super::replay::producer_inputs(&t);
+        let by_id: std::collections::HashMap<u64, &memcast_trace::TensorMeta> =
+            t.tensors.iter().map(|x| (x.id, x)).collect();
+        let mut listed = 0;
+        for (id, v) in &ins {
+            let a = by_id[id].alloc_event.unwrap();
+            for u in v {
+                let u = by_id[u];
+                assert!(u.alloc_event.is_none_or(|x| x < a) && u.free_event.is_none_or(|f| f > a));
+            }
+            listed += !v.is_empty() as usize;
+        }
+        assert!(listed > 0, "{fam:?}: no producer inputs");
+        let mut opts = TierReplayOptions {
+            budget: Budget::Fraction(0.6),
+            check_every: 97,
+            ..Default::default()
+        };
+        let r0 = replay_budgeted(&t, &opts).unwrap();
+        assert_eq!((r0.drops, r0.recomputes), (0, 0), "off by default");
+        opts.tier.recompute = true;
+        let r = replay_budgeted(&t, &opts).unwrap();
+        assert!(r.completed, "{fam:?}: {:?}", r.error);
+        assert!(r.recomputes <= r.drops);
+        assert!(r.stall_us >= r.recompute_us);
+        if fam != Family::Mlp {
+            assert!(
+                r.recomputes > 0 && r.recompute_us > 0.0,
+                "{fam:?}: nothing recomputed"
+            );
+        }
+    }
+}
+
+/// A dropped tensor holds no device or host bytes, and is served only recomputed: its
+/// producer runs (the bytes are back), its cost is charged, and on a simulated device
+/// the clock moves by it.
+#[test]
+fn a_dropped_tensor_is_served_recomputed_and_charged() {
+    let (mut m, _) = manager(1);
+    let produced = std::sync::Arc::new(std::sync::Mutex::new(Produced::default()));
+    m.set_producer(Box::new(TestProducer(produced.clone())));
+    let opts = TensorOpts {
+        recompute_us: 250.0,
+        ..TensorOpts::default()
+    };
+    let x = m.register(96 << 10, TensorOpts::default()).unwrap();
+    let h = m.register(128 << 10, opts).unwrap();
+    m.set_recomputable(h, &[x]).unwrap();
+    let data = pattern(7, 128 << 10);
+    write(&mut m, h, &data).unwrap();
+    produced
+        .lock()
+        .unwrap()
+        .out
+        .insert(h, (data.clone(), 250.0));
+    assert!(!m.drop_tensor(h).unwrap(), "pinned by its step");
+    m.end_step();
+    let before = m.allocator().stats().requested.current;
+    assert!(m.drop_tensor(h).unwrap());
+    assert_eq!(m.place(h).unwrap(), Place::Dropped);
+    assert_eq!(
+        m.allocator().stats().requested.current,
+        before - (128 << 10)
+    );
+    assert_eq!(m.stats().host_bytes, 0);
+    m.check_invariants().unwrap();
+    // Its input can be spilled, not dropped (not recomputable), and is brought back.
+    m.end_step();
+    assert!(m.spill(x).unwrap());
+    m.synchronize().unwrap();
+    m.end_step();
+    assert_eq!(read(&mut m, h).unwrap(), data);
+    assert!(matches!(m.place(x).unwrap(), Place::Device { .. }));
+    let s = m.stats();
+    assert_eq!(
+        (s.drops, s.recomputes, s.recomputed_bytes),
+        (1, 1, 128 << 10)
+    );
+    assert_eq!(s.recompute_us, 250.0);
+    assert_eq!(produced.lock().unwrap().runs, 1);
+    m.check_invariants().unwrap();
+    // An input freed while its dependent is dropped is kept for the recompute (out of
+    // the caller's sight), and released by it; then the dependent is not recomputable.
+    m.end_step();
+    assert!(m.drop_tensor(h).unwrap());
+    m.end_step();
+    let held = m.allocator().stats().requested.current;
+    m.free(x).unwrap();
+    assert!(m.place(x).is_err() && m.len() == 1);
+    assert_eq!(m.place(h).unwrap(), Place::Dropped);
+    assert_eq!(m.allocator().stats().requested.current, held);
+    m.check_invariants().unwrap();
+    assert!(m.spill(x).is_err(), "the caller's handle is stale");
+    m.end_step();
+    assert_eq!(read(&mut m, h).unwrap(), data);
+    assert_eq!(m.stats().recomputes, 2);
+    assert_eq!(m.allocator().stats().requested.current, 128 << 10);
+    assert!(!m.is_recomputable(h));
+    m.end_step();
+    assert!(!m.drop_tensor(h).unwrap());
+    m.check_invariants().unwrap();
+    m.shutdown().unwrap();
+
+    // The clock: a simulated device's compute stream runs the recompute.
+    use crate::backend::sim::SimBackend;
+    let alloc = Allocator::new(
+        SimBackend::new(1 << 30, Default::default()),
+        AllocConfig::default(),
+    )
+    .unwrap();
+    let cfg = TierConfig {
+        budget: 1 << 30,
+        staging_bytes: 64 << 20,
+        ..TierConfig::default()
+    };
+    let mut m = TierManager::new(alloc, cfg).unwrap();
+    m.set_producer(Box::new(super::recompute::TimeOnly));
+    let h = m.register(1 << 20, opts).unwrap();
+    m.set_recomputable(h, &[]).unwrap();
+    m.end_step();
+    assert!(m.drop_tensor(h).unwrap());
+    let t0 = m.backend().now_us();
+    m.access(h, false).unwrap();
+    assert!(m.backend().now_us() - t0 >= 250.0);
+    assert_eq!(m.stats().recompute_us, 250.0);
 }
