@@ -202,6 +202,8 @@ pub struct TierReport {
     /// held, and the spills and prefetches the plan issued (0 without a plan).
     pub planned_moves: u64,
     pub planned_spills: u64,
+    /// Drops the plan issued (with the `recompute` action).
+    pub planned_drops: u64,
     pub planned_prefetches: u64,
     /// Plans replaced within an iteration by one from an earlier iteration of the same
     /// shape (its first allocations).
@@ -365,7 +367,9 @@ fn run<B: DeviceBackend>(
             .map_err(|e| TierReplayError::Setup(e.into()))?;
         m.set_demand(Demand::new(forecaster, actions));
         if actions.plan {
-            m.set_planner(Planner::new(cfg.low_watermark, None));
+            let mut p = Planner::new(cfg.low_watermark, None);
+            p.drops = actions.recompute;
+            m.set_planner(p);
         }
     }
     let forecaster = m.demand().map_or("none", |d| d.forecaster_name());
@@ -616,6 +620,7 @@ fn run<B: DeviceBackend>(
         ahead_spills,
         planned_moves: plan_stats.moves,
         planned_spills: plan_stats.spills,
+        planned_drops: plan_stats.drops,
         planned_prefetches: plan_stats.prefetches,
         planned_replans: plan_stats.replans,
         drops: s.drops,

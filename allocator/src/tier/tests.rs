@@ -186,10 +186,18 @@ impl super::planned::TrajectorySource for LyingSource {
                 }
             })
             .collect();
+        let mut recompute_us = std::collections::HashMap::new();
+        for n in 0..16 {
+            if r() % 2 == 0 {
+                recompute_us.insert(TensorKey::Ordinal(n), (r() % 100) as f64);
+            }
+        }
         Some(Trajectory {
             ops,
+            recompute_us,
             base: r() % (4 << 20),
             span_us: t + (r() % 100) as f64,
+            ..Default::default()
         })
     }
 }
@@ -210,6 +218,10 @@ fn run_program_with(seed: u64, cmds: &[Cmd], plan: Plan) -> Result<(usize, u64),
             0.8,
             Some(Box::new(LyingSource(seed | 1))),
         )),
+    }
+    if let Some(p) = m.planner.as_deref_mut() {
+        // Plans with drops (of the recomputable tensors) too.
+        p.drops = true;
     }
     let produced = std::sync::Arc::new(std::sync::Mutex::new(Produced::default()));
     m.set_producer(Box::new(TestProducer(produced.clone())));
@@ -343,7 +355,7 @@ fn run_program_with(seed: u64, cmds: &[Cmd], plan: Plan) -> Result<(usize, u64),
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     let planned = m
         .planner()
-        .map_or(0, |p| p.stats.spills + p.stats.prefetches);
+        .map_or(0, |p| p.stats.spills + p.stats.drops + p.stats.prefetches);
     let a = m
         .shutdown()
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
