@@ -163,10 +163,14 @@ pub struct Actions {
 }
 
 impl Default for Actions {
-    /// `grow`, `spill`, `prefetch` and `plan`; `release` is off (like PyTorch, memory
-    /// is kept once obtained unless asked: see docs/predictive.md for what release
-    /// costs). `plan` was chosen on the corpus's validation split (mean stall
-    /// overhead at 60% of peak: 0.591 with it, 0.614 without; docs/predictive.md).
+    /// `grow`, `spill`, `prefetch`, `plan` and `recompute`; `release` is off (like
+    /// PyTorch, memory is kept once obtained unless asked: see docs/predictive.md for
+    /// what release costs). `plan` was chosen on the corpus's validation split (mean
+    /// stall overhead at 60% of peak: 0.591 with it, 0.614 without; docs/predictive.md).
+    /// `recompute` acts only on traces that give producers and recompute costs, which
+    /// the corpus does not (its replays are the same with it); it was chosen on the
+    /// synthetic BERT and MobileNet presets at 60% (geometric mean stall overhead 3.25
+    /// without it, 2.70 with it; docs/predictive.md).
     fn default() -> Self {
         Actions {
             grow: true,
@@ -174,7 +178,7 @@ impl Default for Actions {
             spill: true,
             prefetch: true,
             plan: true,
-            recompute: false,
+            recompute: true,
         }
     }
 }

@@ -273,6 +273,22 @@ impl<B: DeviceBackend> TierManager<B> {
         recompute < unhidden
     }
 
+    /// The cost rule for `h` as a victim issued ahead of need (a planned spill).
+    pub(crate) fn prefer_drop_tensor(&self, h: TensorHandle) -> Result<bool, TierError> {
+        let e = self.reg.get(h)?;
+        let c = Candidate {
+            handle: h,
+            bytes: e.bytes,
+            history: e.history,
+            recompute_us: e.recompute_us,
+            recompute_prob: e.recompute_prob,
+            warm: e.bytes <= self.staging.free_bytes(),
+            persistent: e.persistent,
+            next_use: f64::INFINITY,
+        };
+        Ok(self.prefer_drop(&c, false))
+    }
+
     /// Drops `h`, on the device and not pinned, if the rules allow. Frees its memory now.
     pub(crate) fn start_drop(&mut self, h: TensorHandle) -> Result<bool, TierError> {
         if !self.may_drop(h) {
