@@ -15,6 +15,7 @@
 //! One concern per file:
 //! - [`handle`]: handles, the registry of tensors and where each one is;
 //! - [`staging`]: the pinned staging pool (warm tier) and host locations;
+//! - [`stats`]: the counters of [`TierStats`];
 //! - [`spill`]: victim choice: the [`spill::SpillPolicy`] (LRU-K, K = 2) and
 //!   [`spill::MigrationCost`] (bytes / link bandwidth + recompute time x probability)
 //!   traits with the reactive implementations;
@@ -48,10 +49,13 @@ pub mod replay;
 pub mod schedule;
 pub mod spill;
 pub mod staging;
+pub mod stats;
 pub mod transfer;
 
 #[cfg(test)]
 mod deferred;
+#[cfg(test)]
+mod recompute_tests;
 #[cfg(test)]
 mod tests;
 

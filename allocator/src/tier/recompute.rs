@@ -25,16 +25,17 @@
 //!   recomputable at the free;
 //! - before an input is written, its dropped dependents are recomputed (they need it
 //!   as it was), and stop being recomputable;
-//! - a write to a tensor after the step it was registered in makes it no longer its
-//!   producer's output: it stops being recomputable (the registration step is the
-//!   producer's own).
+//! - a write to a tensor after the step it was declared recomputable in (its
+//!   registration step, the producer's own) makes it no longer its producer's output:
+//!   it stops being recomputable.
 //!
 //! The choice per victim ([`TierConfig::recompute`](super::TierConfig::recompute),
-//! off by default): a victim that may be dropped is dropped when its expected
-//! recompute stall (its recompute time, plus the copy back of each input off the
-//! device now, plus `miss x` that of each input on it, which may have left by the
-//! recompute) is below the link time its spill is expected not to hide: `(out + back) x miss`
-//! for a spill issued ahead of need, `out + back x miss` on the out-of-memory path
+//! off by default; the predictive action `recompute` turns it on): a victim of the
+//! watermark, the out-of-memory path or an iteration plan that may be dropped is
+//! dropped when its expected recompute stall (its recompute time, plus the copy back
+//! of each input off the device now, plus `miss x` that of each input on it, which
+//! may have left by the recompute) is below the link time its spill is expected not
+//! to hide: `(out + back) x miss` for a spill issued ahead of need, `out + back x miss` on the out-of-memory path
 //! (where the caller waits for the copy out), `out` and `back` the measured copy times
 //! of its tier, `miss` the share of returns so far that waited for the link (faults
 //! and late prefetches over all returns, with one of each counted before the first,
