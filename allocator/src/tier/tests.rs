@@ -214,8 +214,13 @@ fn run_program(seed: u64, cmds: &[Cmd]) -> Result<usize, TestCaseError> {
     Ok(run_program_with(seed, cmds, Plan::Off)?.0)
 }
 
-/// [`run_program`] with planned tiers; also returns the planned moves carried out.
-fn run_program_with(seed: u64, cmds: &[Cmd], plan: Plan) -> Result<(usize, u64), TestCaseError> {
+/// [`run_program`] with planned tiers; also returns the planned moves carried out and,
+/// of them, the drops.
+fn run_program_with(
+    seed: u64,
+    cmds: &[Cmd],
+    plan: Plan,
+) -> Result<(usize, u64, u64), TestCaseError> {
     let (mut m, switch) = manager(seed);
     match plan {
         Plan::Off => {}
@@ -362,6 +367,7 @@ fn run_program_with(seed: u64, cmds: &[Cmd], plan: Plan) -> Result<(usize, u64),
     let planned = m
         .planner()
         .map_or(0, |p| p.stats.spills + p.stats.drops + p.stats.prefetches);
+    let planned_drops = m.planner().map_or(0, |p| p.stats.drops);
     let a = m
         .shutdown()
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -370,7 +376,7 @@ fn run_program_with(seed: u64, cmds: &[Cmd], plan: Plan) -> Result<(usize, u64),
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     // Every host buffer (the pinned pool and the pageable ones) was given back.
     prop_assert_eq!(a.backend().inner.host_buffers, 0);
-    Ok((verified, planned))
+    Ok((verified, planned, planned_drops))
 }
 
 proptest! {
@@ -409,6 +415,7 @@ fn planned_tiers_keep_every_byte_whatever_the_plan() {
         ..Config::default()
     });
     let planned = [std::cell::Cell::new(0u64), std::cell::Cell::new(0u64)];
+    let drops = std::cell::Cell::new(0u64);
     let strategy = (any::<u64>(), any::<bool>(), block);
     let r = runner.run(&strategy, |(seed, lying, block)| {
         let mut cmds = block.clone();
@@ -421,9 +428,10 @@ fn planned_tiers_keep_every_byte_whatever_the_plan() {
         } else {
             Plan::FromHistory
         };
-        let (_, n) = run_program_with(seed, &cmds, mode)?;
+        let (_, n, d) = run_program_with(seed, &cmds, mode)?;
         let c = &planned[lying as usize];
         c.set(c.get() + n);
+        drops.set(drops.get() + d);
         Ok(())
     });
     if let Err(e) = r {
@@ -431,6 +439,7 @@ fn planned_tiers_keep_every_byte_whatever_the_plan() {
     }
     assert!(planned[0].get() > 0, "no plan from history was carried out");
     assert!(planned[1].get() > 0, "no lying plan was carried out");
+    assert!(drops.get() > 0, "no planned drop was carried out");
 }
 
 #[test]
