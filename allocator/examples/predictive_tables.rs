@@ -1,9 +1,11 @@
 //! The tables of docs/predictive.md: every bundled real trace and the three synthetic
 //! family presets (8 iterations, seed 0), replayed on the simulated H200 through
 //! memcast reactive and in predictive mode with each forecaster; without a budget,
-//! under a budget, and the ablation of the actions.
+//! under a budget, and the ablation of the actions; `recompute`: the synthetic presets
+//! (the traces with producers and recompute costs) with and without recomputation,
+//! after the synthetic BERT and MobileNet presets the default was chosen on.
 //!
-//! `cargo run --release -p memcast-alloc --example predictive_tables [nobudget|budget|ablation] [BUDGET]`
+//! `cargo run --release -p memcast-alloc --example predictive_tables [nobudget|budget|ablation|recompute] [BUDGET]`
 //! (`BUDGET`: a share of each trace's peak, default `60%`).
 
 use memcast_alloc::config::Actions;
@@ -148,7 +150,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "ablation" => {
             // Without a budget the actions are grow and release; under one, spill and
             // prefetch. Each alone, then all, with the lstm and the oracle.
-            let sets: [(&str, Actions); 7] = [
+            let sets: [(&str, Actions); 8] = [
                 ("none", Actions::none()),
                 (
                     "grow",
@@ -182,6 +184,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     "plan",
                     Actions {
                         plan: true,
+                        ..Actions::none()
+                    },
+                ),
+                (
+                    "recompute",
+                    Actions {
+                        recompute: true,
                         ..Actions::none()
                     },
                 ),
@@ -220,8 +229,134 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
         }
+        "recompute" => recompute_table(budget)?,
         other => {
-            return Err(format!("unknown table {other:?} (nobudget, budget, ablation)").into())
+            return Err(
+                format!("unknown table {other:?} (nobudget, budget, ablation, recompute)").into(),
+            )
+        }
+    }
+    Ok(())
+}
+
+/// Reactive and predictive tiers with and without recomputation, on the synthetic
+/// presets: first those the default was chosen on (BERT, MobileNet), then the three
+/// the other tables report.
+fn recompute_table(budget: Budget) -> Result<(), Box<dyn std::error::Error>> {
+    let with = |a: Actions| Actions {
+        recompute: true,
+        ..a
+    };
+    let plan = Actions {
+        plan: true,
+        ..Actions::none()
+    };
+    let recompute = with(Actions::none());
+    // (label, recompute on reactive tiers, predictive tiers)
+    type Row = (&'static str, bool, Option<(ReplayForecaster, Actions)>);
+    let rows: [Row; 8] = [
+        ("reactive", false, None),
+        ("reactive + recompute", true, None),
+        (
+            "predictive (default less recompute), lstm",
+            false,
+            Some((
+                ReplayForecaster::Lstm,
+                Actions {
+                    recompute: false,
+                    ..Actions::default()
+                },
+            )),
+        ),
+        (
+            "predictive (default, with recompute), lstm",
+            false,
+            Some((ReplayForecaster::Lstm, Actions::default())),
+        ),
+        (
+            "recompute alone, lstm",
+            false,
+            Some((ReplayForecaster::Lstm, recompute)),
+        ),
+        (
+            "plan alone, same shape",
+            false,
+            Some((ReplayForecaster::None, plan)),
+        ),
+        (
+            "plan + recompute, same shape",
+            false,
+            Some((ReplayForecaster::None, with(plan))),
+        ),
+        (
+            "plan + recompute, oracle",
+            false,
+            Some((ReplayForecaster::Oracle, with(plan))),
+        ),
+    ];
+    let sets = [
+        (
+            "chosen on",
+            [
+                (Family::Bert, "synth bert"),
+                (Family::MobileNet, "synth mobilenet"),
+            ]
+            .as_slice(),
+        ),
+        (
+            "reported",
+            [
+                (Family::Mlp, "synth mlp"),
+                (Family::Cnn, "synth cnn (ResNet-50)"),
+                (Family::Transformer, "synth transformer (GPT-2)"),
+            ]
+            .as_slice(),
+        ),
+    ];
+    for (what, fams) in sets {
+        println!("\n{what}:\n");
+        println!("| trace | tiers | completed | stall overhead | peak floor | recompute share | drops (planned) | recomputes | recomputed | spilled |");
+        println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|");
+        let mut logs = vec![0.0f64; rows.len()];
+        for &(fam, name) in fams {
+            let mut t = generate(&SynthConfig::preset(fam))?;
+            t.meta.name = name.into();
+            for (i, &(label, reactive_recompute, p)) in rows.iter().enumerate() {
+                let mut opts = TierReplayOptions {
+                    budget,
+                    predictive: p,
+                    ..Default::default()
+                };
+                opts.tier.recompute = reactive_recompute;
+                let r = replay_budgeted(&t, &opts)?;
+                logs[i] += r.stall_overhead.max(1e-9).ln();
+                println!(
+                    "| {} | {} | {} | {:.2} | {:.2} | {:.3} | {} ({}) | {} | {:.2} GB | {:.1} GB |",
+                    name,
+                    label,
+                    r.completed,
+                    r.stall_overhead,
+                    r.peak_floor_overhead,
+                    if r.compute_us > 0.0 {
+                        r.recompute_us / r.compute_us
+                    } else {
+                        0.0
+                    },
+                    r.drops,
+                    r.planned_drops,
+                    r.recomputes,
+                    r.recomputed_bytes as f64 / 1e9,
+                    r.spilled_bytes as f64 / 1e9,
+                );
+            }
+        }
+        let n = fams.len() as f64;
+        println!();
+        for (i, (label, _, _)) in rows.iter().enumerate() {
+            println!(
+                "- {what}, geometric mean stall overhead, {label}: {:.3}",
+                (logs[i] / n).exp()
+            );
         }
     }
     Ok(())

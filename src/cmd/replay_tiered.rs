@@ -122,10 +122,20 @@ fn print_table(r: &TierReport) {
     );
     if r.planned_moves > 0 {
         out!(
-            "iteration plans    {} moves planned, {} spills and {} prefetches issued by the plan",
+            "iteration plans    {} moves planned, {} spills, {} drops and {} prefetches issued by the plan",
             r.planned_moves,
             r.planned_spills,
+            r.planned_drops,
             r.planned_prefetches
+        );
+    }
+    if r.drops > 0 {
+        out!(
+            "recomputed         {} in {} recomputes of {} dropped tensors ({} of compute stream time, in the stall)",
+            human_bytes(r.recomputed_bytes),
+            r.recomputes,
+            r.drops,
+            format_args!("{:.1} ms", r.recompute_us / 1e3)
         );
     }
     out!(

@@ -170,6 +170,7 @@ pub fn trajectories(program: &[Op], bytes_of: &HashMap<u64, u64>) -> Vec<Traject
                         ops: Vec::new(),
                         base,
                         span_us: 0.0,
+                        ..Default::default()
                     },
                 ));
                 t0 = t;
@@ -312,6 +313,7 @@ mod tests {
             ops,
             base: 0,
             span_us: 100.0,
+            ..Default::default()
         };
         let link = LinkModel {
             out_bytes_per_us: mb as f64 / 20.0,

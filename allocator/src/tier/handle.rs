@@ -43,7 +43,9 @@ pub enum TensorKey {
 /// - `Device`: on the device only;
 /// - `Host`: in the warm or cold tier only;
 /// - `SpillingOut`: device copy authoritative, a device-to-host copy in flight;
-/// - `PrefetchingIn`: host copy authoritative until the host-to-device copy completes.
+/// - `PrefetchingIn`: host copy authoritative until the host-to-device copy completes;
+/// - `Dropped`: no copy anywhere; its producer can make it again from inputs that are
+///   registered and not dropped (`tier::recompute`), which its next access does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Place {
     Device {
@@ -62,6 +64,7 @@ pub enum Place {
         host: HostLoc,
         transfer: TransferId,
     },
+    Dropped,
 }
 
 impl Place {
@@ -71,7 +74,7 @@ impl Place {
             Place::Device { alloc }
             | Place::SpillingOut { alloc, .. }
             | Place::PrefetchingIn { alloc, .. } => Some(alloc),
-            Place::Host { .. } => None,
+            Place::Host { .. } | Place::Dropped => None,
         }
     }
     /// Host memory this tensor holds now.
@@ -80,7 +83,7 @@ impl Place {
             Place::Host { host }
             | Place::SpillingOut { host, .. }
             | Place::PrefetchingIn { host, .. } => Some(host),
-            Place::Device { .. } => None,
+            Place::Device { .. } | Place::Dropped => None,
         }
     }
     pub fn in_flight(&self) -> Option<TransferId> {

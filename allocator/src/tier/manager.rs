@@ -12,8 +12,6 @@
 //! `allocator requested bytes == sum of device bytes of live tensors + device bytes of
 //! orphaned transfers`, and every tensor is in exactly one [`Place`].
 
-use serde::Serialize;
-
 use crate::backend::{DeviceBackend, DevicePtr, MemRef};
 use crate::pool::{Allocation, Allocator};
 
@@ -22,6 +20,7 @@ use super::prefetch::{PrefetchPolicy, PrefetchView, PreviousIterationOrder, Resi
 use super::schedule::OpUse;
 use super::spill::{LinkCost, LruK, MigrationCost, SpillPolicy};
 use super::staging::{HostLoc, StagingPool};
+pub use super::stats::TierStats;
 use super::transfer::{Completion, Direction, Done, Pipeline};
 use super::{TierConfig, TierError};
 
@@ -34,62 +33,6 @@ pub struct TensorOpts {
     pub recompute_us: f64,
     /// Probability that the caller recomputes it instead of fetching it.
     pub recompute_prob: f64,
-}
-
-/// What the tiering layer counted.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct TierStats {
-    /// Spills issued (device to host copies) and their bytes.
-    pub spills: u64,
-    pub spilled_bytes: u64,
-    /// Spills that went to the pinned pool / to pageable memory.
-    pub spills_warm: u64,
-    pub spills_cold: u64,
-    /// Spills issued on the out-of-memory path (the caller waited for them).
-    pub sync_spills: u64,
-    /// Spills cancelled because the tensor was accessed while its copy was in flight.
-    pub cancelled_spills: u64,
-    /// Prefetches issued and their bytes.
-    pub prefetches: u64,
-    pub prefetched_bytes: u64,
-    /// Accesses that found a prefetched tensor ready on the device.
-    pub prefetch_hits: u64,
-    /// Accesses that found a prefetch still in flight (waited: counted as misses).
-    pub prefetch_late: u64,
-    /// Accesses of tensors on the host with no prefetch (synchronous fault).
-    pub faults: u64,
-    pub fault_bytes: u64,
-    /// Prefetched tensors freed or spilled again before any access.
-    pub prefetch_wasted: u64,
-    /// Time the caller waited for transfers (faults, late prefetches, OOM-path spills).
-    pub transfer_stall_us: f64,
-    /// Failed copies and host allocations (tensor kept where it was).
-    pub transfer_failures: u64,
-    pub host_alloc_failures: u64,
-    /// Out-of-memory errors returned.
-    pub ooms: u64,
-    /// Host bytes holding tensors (warm + cold), now and at peak.
-    pub host_bytes: u64,
-    pub peak_host_bytes: u64,
-    pub accesses: u64,
-    /// Of `transfer_stall_us`, the part spent in accesses (faults and late
-    /// prefetches); the rest was spent making room for allocations.
-    pub access_stall_us: f64,
-}
-
-impl TierStats {
-    /// `hits / (hits + misses)`, misses = faults + late prefetches; 1 when none.
-    pub fn prefetch_hit_rate(&self) -> f64 {
-        let n = self.prefetch_hits + self.prefetch_misses();
-        if n == 0 {
-            1.0
-        } else {
-            self.prefetch_hits as f64 / n as f64
-        }
-    }
-    pub fn prefetch_misses(&self) -> u64 {
-        self.faults + self.prefetch_late
-    }
 }
 
 /// The tiering mechanism. See the module docs.
@@ -119,6 +62,8 @@ pub struct TierManager<B: DeviceBackend> {
     /// Bytes of every registered tensor, wherever it is.
     // Invariant: == sum of the registry's bytes.
     pub(crate) logical: u64,
+    /// Which tensors are recomputable, and what recomputes them.
+    pub(crate) recompute: super::recompute::Recompute<B>,
 }
 
 impl<B: DeviceBackend> std::fmt::Debug for TierManager<B> {
@@ -168,6 +113,7 @@ impl<B: DeviceBackend> TierManager<B> {
             demand: None,
             planner: None,
             logical: 0,
+            recompute: Default::default(),
         })
     }
 
@@ -189,11 +135,12 @@ impl<B: DeviceBackend> TierManager<B> {
     pub fn staging(&self) -> &StagingPool {
         &self.staging
     }
+    /// Tensors registered and not freed by the caller.
     pub fn len(&self) -> usize {
-        self.reg.len()
+        self.reg.len() - self.recompute.retained()
     }
     pub fn is_empty(&self) -> bool {
-        self.reg.is_empty()
+        self.len() == 0
     }
     /// Where a tensor is now.
     pub fn place(&self, h: TensorHandle) -> Result<Place, TierError> {
@@ -243,8 +190,10 @@ impl<B: DeviceBackend> TierManager<B> {
 
     /// Makes `h` device-resident and returns its device address; the tensor is pinned
     /// until the step ends. A tensor on the host is fetched synchronously (a stall); a
-    /// prefetch in flight is waited for; a spill in flight is cancelled.
-    pub fn access(&mut self, h: TensorHandle, _write: bool) -> Result<DevicePtr, TierError> {
+    /// prefetch in flight is waited for; a spill in flight is cancelled; a dropped one
+    /// is recomputed (a stall). A write first recomputes the dropped tensors that take
+    /// `h` as an input (see [`super::recompute`]).
+    pub fn access(&mut self, h: TensorHandle, write: bool) -> Result<DevicePtr, TierError> {
         self.poll()?;
         let stall0 = self.stats.transfer_stall_us;
         let step = self.step;
@@ -253,11 +202,44 @@ impl<B: DeviceBackend> TierManager<B> {
         // it again (the tensor stays where it was, unused by this step).
         let unpinned = e.step;
         e.step = step;
+        let r = self.bring(h).and_then(|p| {
+            if write {
+                self.recompute_before_write(h)?;
+            }
+            Ok(p)
+        });
+        let ptr = match r {
+            Ok(p) => p,
+            Err(err) => {
+                self.unpin(h, unpinned);
+                return Err(err);
+            }
+        };
+        self.stats.access_stall_us += self.stats.transfer_stall_us - stall0;
+        let now = self.alloc.backend().now_us();
+        let e = self.reg.get_mut(h)?;
+        e.touch(now, step);
+        let key = e.key;
+        self.stats.accesses += 1;
+        self.prefetch.on_access(key);
+        let bytes = self.reg.get(h)?.bytes;
+        self.plan_op(h, key, bytes, OpUse::Access)?;
+        self.run_prefetcher()?;
+        self.debug_check();
+        Ok(ptr)
+    }
+
+    /// Makes `h` (pinned by the caller) device-resident wherever it is: cancels a spill
+    /// in flight, waits for a prefetch, faults it in from the host, recomputes it if
+    /// dropped. On an error the tensor stays where it was.
+    pub(crate) fn bring(&mut self, h: TensorHandle) -> Result<DevicePtr, TierError> {
+        let e = self.reg.get_mut(h)?;
         let place = e.place;
-        let ptr = match place {
+        Ok(match place {
             Place::Device { alloc } => {
                 if e.prefetched_unused {
                     self.stats.prefetch_hits += 1;
+                    e.prefetched_unused = false;
                 }
                 alloc.ptr
             }
@@ -286,40 +268,20 @@ impl<B: DeviceBackend> TierManager<B> {
                 alloc, transfer, ..
             } => {
                 self.stats.prefetch_late += 1;
-                if let Err(err) = self.wait_for(transfer) {
-                    self.unpin(h, unpinned);
-                    return Err(err);
-                }
+                self.wait_for(transfer)?;
                 alloc.ptr
             }
             Place::Host { host } => {
                 let bytes = e.bytes;
-                match self.fault_in(h, bytes, host) {
-                    Ok(p) => p,
-                    Err(err) => {
-                        self.unpin(h, unpinned);
-                        return Err(err);
-                    }
-                }
+                self.fault_in(h, bytes, host)?
             }
-        };
-        self.stats.access_stall_us += self.stats.transfer_stall_us - stall0;
-        let now = self.alloc.backend().now_us();
-        let e = self.reg.get_mut(h)?;
-        e.touch(now, step);
-        let key = e.key;
-        self.stats.accesses += 1;
-        self.prefetch.on_access(key);
-        let bytes = self.reg.get(h)?.bytes;
-        self.plan_op(h, key, bytes, OpUse::Access)?;
-        self.run_prefetcher()?;
-        self.debug_check();
-        Ok(ptr)
+            Place::Dropped => self.recompute_in(h)?,
+        })
     }
 
     /// Restores the step of a tensor whose access failed (if it is still on the device
     /// the pin does no harm; elsewhere it would claim a kernel uses it).
-    fn unpin(&mut self, h: TensorHandle, step: u64) {
+    pub(crate) fn unpin(&mut self, h: TensorHandle, step: u64) {
         if let Ok(e) = self.reg.get_mut(h) {
             if !matches!(e.place, Place::Device { .. }) {
                 e.step = step;
@@ -328,20 +290,35 @@ impl<B: DeviceBackend> TierManager<B> {
     }
 
     /// Frees a tensor wherever it is. Buffers of a copy in flight are released when the
-    /// copy completes.
+    /// copy completes. Dropped tensors that take it as an input keep it, out of the
+    /// caller's sight, until they are recomputed (see [`super::recompute`]).
     pub fn free(&mut self, h: TensorHandle) -> Result<(), TierError> {
-        let e = self.reg.remove(h)?;
-        self.prefetch.on_free(e.key, e.bytes);
-        let bytes = e.bytes;
-        if e.prefetched_unused {
+        let (key, bytes, unused) = {
+            let e = self.reg.get(h)?;
+            (e.key, e.bytes, e.prefetched_unused)
+        };
+        if !self.recompute_on_free(h)? {
+            let e = self.reg.remove(h)?;
+            self.release_entry(h, &e)?;
+        }
+        self.prefetch.on_free(key, bytes);
+        if unused {
             self.stats.prefetch_wasted += 1;
         }
+        self.demand_free(bytes)?;
+        self.plan_op(h, key, bytes, OpUse::Free)
+    }
+
+    /// Gives back the memory of removed entry `e` (of `h`) wherever it is. Buffers of a
+    /// copy in flight are released when the copy completes.
+    pub(crate) fn release_entry(&mut self, h: TensorHandle, e: &Entry) -> Result<(), TierError> {
         match e.place {
             // A cancelled spill still reads it: the transfer frees it when done.
             Place::Device { alloc }
                 if e.reader.is_some_and(|t| self.pipe.adopt_device(t, alloc)) => {}
             Place::Device { alloc } => self.alloc.deallocate(alloc, 0)?,
             Place::Host { host } => self.release_host(host)?,
+            Place::Dropped => {}
             Place::SpillingOut {
                 alloc,
                 host,
@@ -369,14 +346,14 @@ impl<B: DeviceBackend> TierManager<B> {
                 }
             }
         }
-        self.demand_free(bytes)?;
-        self.plan_op(h, e.key, bytes, OpUse::Free)
+        Ok(())
     }
 
     /// Waits for every transfer, frees every tensor, gives the pinned pool back and
     /// returns the allocator (whose segments the caller may then release).
     pub fn shutdown(mut self) -> Result<Allocator<B>, TierError> {
         self.synchronize()?;
+        self.recompute_clear()?;
         let live: Vec<TensorHandle> = self.reg.iter().map(|(h, _)| h).collect();
         for h in live {
             self.free(h)?;
@@ -751,6 +728,7 @@ impl PrefetchView for View<'_> {
             Place::Host { .. } => Residency::Host,
             Place::PrefetchingIn { .. } => Residency::Incoming,
             Place::SpillingOut { .. } => Residency::Outgoing,
+            Place::Dropped => Residency::Dropped,
         };
         Some((h, r, e.bytes))
     }

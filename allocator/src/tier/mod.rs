@@ -15,6 +15,7 @@
 //! One concern per file:
 //! - [`handle`]: handles, the registry of tensors and where each one is;
 //! - [`staging`]: the pinned staging pool (warm tier) and host locations;
+//! - [`stats`]: the counters of [`TierStats`];
 //! - [`spill`]: victim choice: the [`spill::SpillPolicy`] (LRU-K, K = 2) and
 //!   [`spill::MigrationCost`] (bytes / link bandwidth + recompute time x probability)
 //!   traits with the reactive implementations;
@@ -27,6 +28,8 @@
 //!   out-of-memory handling in `pressure`;
 //! - [`predictive`]: the demand forecast, spills ahead of a forecast peak, victims by
 //!   predicted next use;
+//! - [`recompute`]: dropping a tensor whose producer is known instead of spilling it,
+//!   and recomputing it on its next access;
 //! - [`access`]: the access model for traces without reads (PyTorch snapshots);
 //! - [`replay`]: budgeted replay of a trace and its [`replay::TierReport`].
 //!
@@ -41,14 +44,18 @@ pub mod planned;
 pub mod predictive;
 pub mod prefetch;
 mod pressure;
+pub mod recompute;
 pub mod replay;
 pub mod schedule;
 pub mod spill;
 pub mod staging;
+pub mod stats;
 pub mod transfer;
 
 #[cfg(test)]
 mod deferred;
+#[cfg(test)]
+mod recompute_tests;
 #[cfg(test)]
 mod tests;
 
@@ -83,6 +90,10 @@ pub struct TierConfig {
     /// Spill last the tensors the prefetch policy expects to be accessed soon (off by
     /// default: mixed results, see docs/tiers.md).
     pub protect_upcoming: bool,
+    /// Drop a victim instead of spilling it when it is recomputable and its recompute
+    /// time is below the link time the spill is expected not to hide
+    /// ([`recompute`]); off by default.
+    pub recompute: bool,
 }
 
 impl Default for TierConfig {
@@ -96,6 +107,7 @@ impl Default for TierConfig {
             prefetch_window: 2048,
             lru_k: 2,
             protect_upcoming: false,
+            recompute: false,
         }
     }
 }
@@ -131,7 +143,7 @@ impl TierConfig {
 }
 
 /// Errors of the tiering layer. After any `Err` every registered tensor is still in
-/// exactly one valid place (device or host) with its bytes: `check_invariants()` holds.
+/// exactly one valid place (device, host, or dropped and recomputable) with its bytes: `check_invariants()` holds.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TierError {
     /// The tensors that must be on the device at once do not fit in the budget.
@@ -163,6 +175,12 @@ pub enum TierError {
     Backend(#[from] BackendError),
     #[error("tier configuration: {0}")]
     Config(String),
+    /// `set_recomputable` refused: the tensor cannot be declared recomputable.
+    #[error("tensor {handle} cannot be declared recomputable: {why}")]
+    NotRecomputable {
+        handle: TensorHandle,
+        why: &'static str,
+    },
     /// `check_invariants()` found the bookkeeping broken (a bug).
     #[error("tier invariant violated: {0}")]
     Invariant(String),

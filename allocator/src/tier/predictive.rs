@@ -156,7 +156,7 @@ impl<B: DeviceBackend> TierManager<B> {
         if target == 0 {
             return Ok(());
         }
-        let issued = self.spill_batch(target, false)?;
+        let issued = self.spill_batch(target, false, false)?;
         if issued > 0 {
             let d = self.demand.as_deref_mut().expect("demand");
             d.ahead_spills += 1;

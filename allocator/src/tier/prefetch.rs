@@ -26,6 +26,8 @@ pub enum Residency {
     Incoming,
     /// A device-to-host copy is in flight.
     Outgoing,
+    /// Dropped: its next access recomputes it (nothing to prefetch).
+    Dropped,
 }
 
 /// The manager's state as a policy may read it.

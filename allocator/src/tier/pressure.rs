@@ -47,7 +47,7 @@ impl<B: DeviceBackend> TierManager<B> {
                 .saturating_sub(self.releasing)
                 .saturating_sub(keep);
             if target > 0 {
-                self.spill_batch(target, false)?;
+                self.spill_batch(target, false, false)?;
             }
         }
         let mut stage = 0;
@@ -63,7 +63,7 @@ impl<B: DeviceBackend> TierManager<B> {
                 continue;
             }
             if stage == 0 {
-                let issued = self.spill_batch(bytes, false)?;
+                let issued = self.spill_batch(bytes, false, true)?;
                 if issued > 0 {
                     self.stats.sync_spills += 1;
                     self.wait_spills()?;
@@ -85,7 +85,7 @@ impl<B: DeviceBackend> TierManager<B> {
                 }
             }
             if stage == 2 {
-                let issued = self.spill_batch(bytes, true)?;
+                let issued = self.spill_batch(bytes, true, true)?;
                 if issued > 0 {
                     self.stats.sync_spills += 1;
                     self.wait_spills()?;
@@ -106,11 +106,15 @@ impl<B: DeviceBackend> TierManager<B> {
 
     /// Issues spills of unpinned device tensors, in the spill policy's order, until
     /// `target` bytes are on their way out. `with_prefetched`: also tensors brought back
-    /// by a prefetch and not used yet (last resort). Returns the bytes issued.
+    /// by a prefetch and not used yet (last resort). With `TierConfig::recompute`, a
+    /// victim the cost rule prefers to drop is dropped instead (its bytes freed now);
+    /// `sync`: the caller waits for the copies out (the out-of-memory path), which the
+    /// rule counts. Returns the bytes issued or freed.
     pub(crate) fn spill_batch(
         &mut self,
         target: u64,
         with_prefetched: bool,
+        sync: bool,
     ) -> Result<u64, TierError> {
         let warm_free = self.staging.free_bytes();
         let step = self.step;
@@ -160,7 +164,12 @@ impl<B: DeviceBackend> TierManager<B> {
                 break;
             }
             let Some(c) = cands.get(i) else { continue };
-            if self.start_spill(c.handle)? {
+            let moved = if self.prefer_drop(c, sync) {
+                self.start_drop(c.handle)?
+            } else {
+                self.start_spill(c.handle)?
+            };
+            if moved {
                 issued += c.bytes;
             }
         }
@@ -211,6 +220,7 @@ impl<B: DeviceBackend> TierManager<B> {
             .check_invariants()
             .map_err(TierError::Invariant)?;
         self.pipe.check_invariants().map_err(TierError::Invariant)?;
+        self.check_recompute().map_err(TierError::Invariant)?;
         self.alloc.check_invariants()?;
         let mut device = 0u64;
         let mut releasing = 0u64;
@@ -289,7 +299,13 @@ impl<B: DeviceBackend> TierManager<B> {
                 ));
             }
         }
-        let logical: u64 = self.reg.iter().map(|(_, e)| e.bytes).sum();
+        // Retained inputs were freed by the caller: not logical bytes.
+        let logical: u64 = self
+            .reg
+            .iter()
+            .filter(|(h, _)| !self.recompute.is_retained(*h))
+            .map(|(_, e)| e.bytes)
+            .sum();
         if logical != self.logical {
             return bad(format!(
                 "logical bytes {} counted, {logical} registered",

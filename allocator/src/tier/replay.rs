@@ -37,6 +37,7 @@ use super::manager::{TensorOpts, TierManager};
 use super::planned::Planner;
 use super::predictive::Demand;
 use super::prefetch::{NoPrefetch, PrefetchPolicy, PreviousIterationOrder};
+use super::recompute::TimeOnly;
 use super::spill::{FarthestNextUse, LinkCost, LruK, SpillPolicy};
 use super::{TierConfig, TierError};
 use crate::config::Actions;
@@ -201,12 +202,20 @@ pub struct TierReport {
     /// held, and the spills and prefetches the plan issued (0 without a plan).
     pub planned_moves: u64,
     pub planned_spills: u64,
+    /// Drops the plan issued (with the `recompute` action).
+    pub planned_drops: u64,
     pub planned_prefetches: u64,
     /// Plans replaced within an iteration by one from an earlier iteration of the same
     /// shape (its first allocations).
     pub planned_replans: u64,
-    /// Bytes recomputed instead of fetched (no policy recomputes yet: always 0).
+    /// Tensors dropped instead of spilled (`TierConfig::recompute` or the `recompute`
+    /// action) and their bytes; recomputes of dropped tensors, their bytes and their
+    /// compute time (part of `stall_us`, not of `transfer_stall_us`).
+    pub drops: u64,
+    pub dropped_bytes: u64,
+    pub recomputes: u64,
     pub recomputed_bytes: u64,
+    pub recompute_us: f64,
     pub prefetches: u64,
     pub prefetched_bytes: u64,
     pub prefetch_hits: u64,
@@ -338,6 +347,10 @@ fn run<B: DeviceBackend>(
         _ => Box::new(lru),
     };
     let spill_policy = spill.name();
+    let mut cfg = cfg;
+    if let Some((_, a)) = opts.predictive {
+        cfg.recompute |= a.recompute;
+    }
     let mut m = TierManager::with_policies(
         alloc,
         cfg.clone(),
@@ -354,7 +367,9 @@ fn run<B: DeviceBackend>(
             .map_err(|e| TierReplayError::Setup(e.into()))?;
         m.set_demand(Demand::new(forecaster, actions));
         if actions.plan {
-            m.set_planner(Planner::new(cfg.low_watermark, None));
+            let mut p = Planner::new(cfg.low_watermark, None);
+            p.drops = actions.recompute;
+            m.set_planner(p);
         }
     }
     let forecaster = m.demand().map_or("none", |d| d.forecaster_name());
@@ -369,6 +384,13 @@ fn run<B: DeviceBackend>(
         .iter()
         .filter_map(|t| t.recompute_us.map(|r| (t.id, r as f64)))
         .collect();
+    // Dropping needs each recomputable tensor's producer inputs (see `producer_inputs`).
+    let inputs = if cfg.recompute {
+        m.set_producer(Box::new(TimeOnly));
+        producer_inputs(trace)
+    } else {
+        HashMap::new()
+    };
     let model = AccessModel::for_trace(trace);
     let program = ops(trace, model);
     let mut live: HashMap<u64, TensorHandle> = HashMap::with_capacity(4096);
@@ -428,7 +450,7 @@ fn run<B: DeviceBackend>(
                 Ok(())
             }
             OpKind::IterationBoundary => {
-                let now = m.backend().stall_us();
+                let now = m.backend().stall_us() + m.stats().recompute_us;
                 if let Some(prev) = last_boundary_stall {
                     stall_per_iteration.push(now - prev);
                 }
@@ -464,6 +486,17 @@ fn run<B: DeviceBackend>(
                             return Err(TierError::Invariant(format!(
                                 "tensor {id} allocated twice"
                             )));
+                        }
+                        if let Some(ins) = inputs.get(&id) {
+                            // Inputs of no bytes hold nothing; any other must be live.
+                            let hs: Option<Vec<TensorHandle>> = ins
+                                .iter()
+                                .filter(|u| bytes_of.get(u).is_some_and(|&b| b > 0))
+                                .map(|u| live.get(u).copied())
+                                .collect();
+                            if let Some(hs) = hs {
+                                m.set_recomputable(h, &hs)?;
+                            }
                         }
                         Ok(())
                     })
@@ -520,7 +553,8 @@ fn run<B: DeviceBackend>(
     if opts.check_every > 0 {
         m.check_invariants().map_err(|e| bad(None, e.to_string()))?;
     }
-    let stall_us = m.backend().stall_us() - stall0.unwrap_or(setup_us);
+    // Recomputes ran on the compute stream: the caller waited for them.
+    let stall_us = m.backend().stall_us() + m.stats().recompute_us - stall0.unwrap_or(setup_us);
     let s = m.stats().clone();
     let ahead_spills = m.demand().map_or(0, |d| d.ahead_spills);
     let plan_stats = m.planner().map(|p| p.stats.clone()).unwrap_or_default();
@@ -586,9 +620,14 @@ fn run<B: DeviceBackend>(
         ahead_spills,
         planned_moves: plan_stats.moves,
         planned_spills: plan_stats.spills,
+        planned_drops: plan_stats.drops,
         planned_prefetches: plan_stats.prefetches,
         planned_replans: plan_stats.replans,
-        recomputed_bytes: 0,
+        drops: s.drops,
+        dropped_bytes: s.dropped_bytes,
+        recomputes: s.recomputes,
+        recomputed_bytes: s.recomputed_bytes,
+        recompute_us: s.recompute_us,
         prefetches: s.prefetches,
         prefetched_bytes: s.prefetched_bytes,
         prefetch_hits: s.prefetch_hits,
@@ -660,4 +699,41 @@ fn is_zero(trace: &Trace, id: u64) -> bool {
     // Rare path (only reached for ids not live): a linear scan is fine.
     trace.static_blocks.iter().any(|b| b.id == id && b.bytes == 0)
         || trace.events.iter().any(|e| matches!(e.kind, memcast_trace::EventKind::Alloc { id: i, bytes: 0, .. } if i == id))
+}
+
+/// The producer inputs of every tensor with a recompute cost, by tensor id. The trace
+/// names a tensor's producer op and every op that read each tensor (`TensorMeta`), not
+/// the op's inputs: they are taken to be the other tensors that op read and that were
+/// live when the tensor was allocated (op names repeat across iterations; liveness
+/// tells their instances apart). A tensor whose producer is unknown gets none.
+/// O(tensors + reads).
+pub fn producer_inputs(trace: &Trace) -> HashMap<u64, Vec<u64>> {
+    let mut readers: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, t) in trace.tensors.iter().enumerate() {
+        for c in &t.consumers {
+            let v = readers.entry(c.as_str()).or_default();
+            if v.last() != Some(&i) {
+                v.push(i);
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    for t in &trace.tensors {
+        let (Some(_), Some(p), Some(a)) = (t.recompute_us, &t.producer, t.alloc_event) else {
+            continue;
+        };
+        let ins = readers.get(p.as_str()).map_or_else(Vec::new, |v| {
+            v.iter()
+                .map(|&i| &trace.tensors[i])
+                .filter(|u| {
+                    u.id != t.id
+                        && u.alloc_event.is_none_or(|x| x < a)
+                        && u.free_event.is_none_or(|f| f > a)
+                })
+                .map(|u| u.id)
+                .collect()
+        });
+        out.insert(t.id, ins);
+    }
+    out
 }

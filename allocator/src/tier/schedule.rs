@@ -65,6 +65,9 @@ pub struct Trajectory {
     pub base: u64,
     /// The iteration's compute span, us (>= the last operation's time).
     pub span_us: f64,
+    /// Recompute cost (us) of the keys that were recomputable (may be dropped): the
+    /// plan may drop them in gaps too short to hide their copies. Empty: no drops.
+    pub recompute_us: std::collections::HashMap<TensorKey, f64>,
 }
 
 /// Link model of the plan.
@@ -124,6 +127,9 @@ pub struct Move {
     /// wrapped gap, of the next one).
     pub needed_at: usize,
     pub wraps: bool,
+    /// Dropped after `spill_after` instead of spilled, recomputed at its access
+    /// (`needed_at`; no prefetch: `prefetch_at == needed_at`).
+    pub drop: bool,
 }
 
 /// The plan for one iteration.
@@ -226,6 +232,26 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
     // chosen gaps of each key are few, checked by a scan.
     let mut chosen: Vec<usize> = Vec::new();
     let mut is_chosen = vec![false; gaps.len()];
+    // Drops: a recomputable tensor's gap whose copies its span cannot hide, if its
+    // recompute costs less than the part of the round trip that does not fit; off the
+    // device from just after its use to its access (where it is recomputed). Cheapest
+    // recompute per byte first.
+    let drop_window = |i: usize| -> Option<(usize, usize)> {
+        let g = &gaps[i];
+        (g.wrap_need.is_none() && g.a + 1 < g.b).then(|| (g.a + 1, g.b - 1))
+    };
+    let recompute_us = |i: usize| traj.recompute_us.get(&gaps[i].key).copied();
+    let mut droppable: Vec<usize> = (0..gaps.len())
+        .filter(|&i| own[i].is_none() && drop_window(i).is_some())
+        .filter(|&i| {
+            let g = &gaps[i];
+            let unhidden = link.out_us(g.bytes) + link.in_us(g.bytes) - (time(g.b) - time(g.a));
+            recompute_us(i).is_some_and(|r| r > 0.0 && r < unhidden)
+        })
+        .collect();
+    let per_byte = |i: usize| recompute_us(i).unwrap_or(0.0) / gaps[i].bytes.max(1) as f64;
+    droppable.sort_by(|&x, &y| per_byte(x).total_cmp(&per_byte(y)).then(x.cmp(&y)));
+    let mut is_drop = vec![false; gaps.len()];
     // Greedy cover with each gap's own window.
     let mut tree = MaxTree::new(&excess0);
     let mut blocked = Vec::new();
@@ -246,6 +272,17 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
                 tree.add(lo, hi, -(gaps[i].bytes as i64));
             }
             None => {
+                let drop = droppable.iter().copied().find(|&i| {
+                    !is_chosen[i] && covers(drop_window(i)) && free_of(&chosen, &gaps, i)
+                });
+                if let Some(i) = drop {
+                    is_chosen[i] = true;
+                    is_drop[i] = true;
+                    chosen.push(i);
+                    let (lo, hi) = drop_window(i).expect("droppable gaps have a window");
+                    tree.add(lo, hi, -(gaps[i].bytes as i64));
+                    continue;
+                }
                 // Nothing can cover this position: leave it, look at the rest.
                 tree.add(p, p, BLOCKED);
                 blocked.push(p);
@@ -265,6 +302,11 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
     chosen.sort_by_key(|&c| (gaps[c].b, gaps[c].a));
     let mut back = vec![0usize; gaps.len()];
     chosen.retain(|&c| {
+        if is_drop[c] {
+            // Off until its access: nothing comes back before it.
+            back[c] = gaps[c].b;
+            return true;
+        }
         let (lo, hi) = own[c].expect("chosen gaps have a window");
         let bytes = gaps[c].bytes as i64;
         let fits = |q: usize, tree: &MaxTree| q > hi || tree.query(q, hi) + bytes <= 0;
@@ -291,9 +333,10 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
                 key: g.key,
                 bytes: g.bytes,
                 spill_after: g.a,
-                prefetch_at: at,
+                prefetch_at: if is_drop[c] { g.b } else { at },
                 needed_at: g.wrap_need.unwrap_or(g.b),
                 wraps: g.wrap_need.is_some(),
+                drop: is_drop[c],
             }
         })
         .collect();
@@ -520,6 +563,7 @@ mod tests {
             ops,
             base: 0,
             span_us: t,
+            ..Default::default()
         }
     }
 
@@ -583,6 +627,35 @@ mod tests {
     }
 
     #[test]
+    fn gaps_too_short_for_copies_drop_tensors_whose_recompute_is_cheap() {
+        let s = 1_000_000;
+        let mut t = fwd_bwd(8, s);
+        let link = link_at(1.0);
+        // Recompute costs of 5 us (cheap against 2 s of copies), except one that costs
+        // more than its copies would leave unhidden.
+        for i in 0..8 {
+            t.recompute_us.insert(k(i), 5.0);
+        }
+        t.recompute_us.insert(k(1), 1e9);
+        let p = plan(&t, 5 * s, link);
+        assert_eq!(p.residual_excess, 0, "{p:?}");
+        assert!(!p.moves.is_empty() && p.moves.iter().all(|m| m.drop));
+        assert!(p.moves.iter().all(|m| m.key != k(1)));
+        for m in &p.moves {
+            // Off from just after its allocation until its access, where it is recomputed.
+            assert_eq!(m.prefetch_at, m.needed_at);
+            assert_eq!(t.ops[m.needed_at].kind, OpUse::Access);
+            assert_eq!(t.ops[m.needed_at].key, m.key);
+        }
+        // A link fast enough to hide the copies spills instead.
+        let p = plan(&t, 5 * s, link_at(1e6));
+        assert!(
+            !p.moves.is_empty() && p.moves.iter().all(|m| !m.drop),
+            "{p:?}"
+        );
+    }
+
+    #[test]
     fn a_persistent_tensor_wraps_the_boundary() {
         // A parameter read at the start, then a peak of activations: the parameter's
         // gap wraps into the next iteration and is the longest.
@@ -603,6 +676,7 @@ mod tests {
             ops,
             base: 4 * s,
             span_us: tt + 100.0,
+            ..Default::default()
         };
         let link = link_at(1e6);
         let p = plan(&t, 6 * s, link);

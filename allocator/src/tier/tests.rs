@@ -18,22 +18,57 @@ use super::manager::{TensorOpts, TierManager};
 use super::replay::{replay_budgeted, Budget, TierReplayOptions};
 use super::{TensorHandle, TierConfig, TierError};
 
-type TestBackend = FailOnDemand<Deferred>;
+pub(super) type TestBackend = FailOnDemand<Deferred>;
 
 /// A manager over a 2 MiB "device" (one granule) with a 64 KiB staging pool, so that
 /// both host tiers are used.
-fn manager(seed: u64) -> (TierManager<TestBackend>, FailSwitch) {
+pub(super) fn manager(seed: u64) -> (TierManager<TestBackend>, FailSwitch) {
     let (b, switch) = FailOnDemand::new(Deferred::new(2 << 20, seed));
     let alloc = Allocator::new(b, AllocConfig::default()).unwrap();
     let cfg = TierConfig {
         budget: 2 << 20,
         staging_bytes: 64 << 10,
+        // Half the programs let pressure drop victims too.
+        recompute: seed.is_multiple_of(2),
         ..TierConfig::default()
     };
     (TierManager::new(alloc, cfg).unwrap(), switch)
 }
 
-fn pattern(seed: u64, len: u64) -> Vec<u8> {
+/// What the test's producer knows: each recomputable tensor's producer output (its
+/// bytes as written in its registration step) and recompute cost, and what it ran.
+#[derive(Default)]
+pub(super) struct Produced {
+    pub(super) out: std::collections::HashMap<TensorHandle, (Vec<u8>, f64)>,
+    pub(super) runs: u64,
+    pub(super) run_us: f64,
+}
+
+/// A producer that writes the bytes the test recorded for the tensor.
+pub(super) struct TestProducer(pub(super) std::sync::Arc<std::sync::Mutex<Produced>>);
+
+impl super::recompute::Producer<TestBackend> for TestProducer {
+    fn run(
+        &mut self,
+        backend: &mut TestBackend,
+        h: TensorHandle,
+        dst: crate::backend::DevicePtr,
+        bytes: u64,
+    ) -> Result<(), crate::backend::BackendError> {
+        let mut p = self.0.lock().unwrap();
+        let (data, us) = p.out.get(&h).cloned().unwrap_or_default();
+        assert!(
+            data.is_empty() || data.len() as u64 == bytes,
+            "tensor {h}: producer output of {} bytes, tensor of {bytes}",
+            data.len()
+        );
+        p.runs += 1;
+        p.run_us += us;
+        backend.write(MemRef::Device(dst), &data)
+    }
+}
+
+pub(super) fn pattern(seed: u64, len: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..len)
         .map(|_| {
@@ -45,13 +80,20 @@ fn pattern(seed: u64, len: u64) -> Vec<u8> {
         .collect()
 }
 
-fn write(m: &mut TierManager<TestBackend>, h: TensorHandle, data: &[u8]) -> Result<(), TierError> {
+pub(super) fn write(
+    m: &mut TierManager<TestBackend>,
+    h: TensorHandle,
+    data: &[u8],
+) -> Result<(), TierError> {
     let p = m.access(h, true)?;
     m.backend_mut().write(MemRef::Device(p), data)?;
     Ok(())
 }
 
-fn read(m: &mut TierManager<TestBackend>, h: TensorHandle) -> Result<Vec<u8>, TierError> {
+pub(super) fn read(
+    m: &mut TierManager<TestBackend>,
+    h: TensorHandle,
+) -> Result<Vec<u8>, TierError> {
     let n = m.bytes(h)?;
     let p = m.access(h, false)?;
     let mut out = vec![0u8; n as usize];
@@ -62,6 +104,10 @@ fn read(m: &mut TierManager<TestBackend>, h: TensorHandle) -> Result<Vec<u8>, Ti
 #[derive(Debug, Clone)]
 enum Cmd {
     Alloc(u64),
+    /// A recomputable tensor: bytes, and a number choosing its recompute cost and up
+    /// to two live inputs.
+    AllocRecomputable(u64, u64),
+    Drop(usize),
     Write(usize, u64),
     Read(usize),
     Spill(usize),
@@ -85,7 +131,9 @@ const PLAN_SIZES: [u64; 4] = [4 << 10, 64 << 10, 128 << 10, 160 << 10];
 fn cmd_with(faults: bool, size: BoxedStrategy<u64>) -> impl Strategy<Value = Cmd> {
     let fail = move |c: Cmd| if faults { c } else { Cmd::Poll };
     prop_oneof![
-        4 => size.prop_map(Cmd::Alloc),
+        4 => size.clone().prop_map(Cmd::Alloc),
+        2 => (size, any::<u64>()).prop_map(|(n, k)| Cmd::AllocRecomputable(n, k)),
+        2 => any::<usize>().prop_map(Cmd::Drop),
         3 => (any::<usize>(), any::<u64>()).prop_map(|(i, s)| Cmd::Write(i, s)),
         4 => any::<usize>().prop_map(Cmd::Read),
         3 => any::<usize>().prop_map(Cmd::Spill),
@@ -145,8 +193,15 @@ impl super::planned::TrajectorySource for LyingSource {
                 }
             })
             .collect();
+        let mut recompute_us = std::collections::HashMap::new();
+        for n in 0..16 {
+            if r() % 2 == 0 {
+                recompute_us.insert(TensorKey::Ordinal(n), (r() % 100) as f64);
+            }
+        }
         Some(Trajectory {
             ops,
+            recompute_us,
             base: r() % (4 << 20),
             span_us: t + (r() % 100) as f64,
         })
@@ -159,8 +214,13 @@ fn run_program(seed: u64, cmds: &[Cmd]) -> Result<usize, TestCaseError> {
     Ok(run_program_with(seed, cmds, Plan::Off)?.0)
 }
 
-/// [`run_program`] with planned tiers; also returns the planned moves carried out.
-fn run_program_with(seed: u64, cmds: &[Cmd], plan: Plan) -> Result<(usize, u64), TestCaseError> {
+/// [`run_program`] with planned tiers; also returns the planned moves carried out and,
+/// of them, the drops.
+fn run_program_with(
+    seed: u64,
+    cmds: &[Cmd],
+    plan: Plan,
+) -> Result<(usize, u64, u64), TestCaseError> {
     let (mut m, switch) = manager(seed);
     match plan {
         Plan::Off => {}
@@ -170,7 +230,15 @@ fn run_program_with(seed: u64, cmds: &[Cmd], plan: Plan) -> Result<(usize, u64),
             Some(Box::new(LyingSource(seed | 1))),
         )),
     }
+    if let Some(p) = m.planner.as_deref_mut() {
+        // Plans with drops (of the recomputable tensors) too.
+        p.drops = true;
+    }
+    let produced = std::sync::Arc::new(std::sync::Mutex::new(Produced::default()));
+    m.set_producer(Box::new(TestProducer(produced.clone())));
     let mut live: Vec<(TensorHandle, Vec<u8>)> = Vec::new();
+    // A write in the step a recomputable tensor was registered in is its producer's.
+    let mut declared: std::collections::HashMap<TensorHandle, u64> = Default::default();
     let ok_err = |e: &TierError| {
         matches!(
             e,
@@ -187,11 +255,44 @@ fn run_program_with(seed: u64, cmds: &[Cmd], plan: Plan) -> Result<(usize, u64),
                     write(&mut m, h, &data)?;
                     live.last_mut().expect("pushed").1 = data;
                 }
+                Cmd::AllocRecomputable(n, k) => {
+                    let us = 1.0 + (k % 50) as f64;
+                    let opts = TensorOpts {
+                        recompute_us: us,
+                        recompute_prob: 0.5,
+                        ..TensorOpts::default()
+                    };
+                    // Its producer reads its inputs in the step that makes it.
+                    let ins: Vec<TensorHandle> = (0..(k >> 8) % 3)
+                        .filter(|_| !live.is_empty())
+                        .map(|j| live[((k >> (16 + 8 * j)) as usize) % live.len()].0)
+                        .collect();
+                    for &i in &ins {
+                        m.access(i, false)?;
+                    }
+                    let h = m.register(n, opts)?;
+                    live.push((h, Vec::new()));
+                    m.set_recomputable(h, &ins)?;
+                    declared.insert(h, m.step);
+                    produced.lock().unwrap().out.insert(h, (Vec::new(), us));
+                    let data = pattern(seed ^ k, n);
+                    write(&mut m, h, &data)?;
+                    produced.lock().unwrap().out.insert(h, (data.clone(), us));
+                    live.last_mut().expect("pushed").1 = data;
+                }
+                Cmd::Drop(i) if !live.is_empty() => {
+                    m.drop_tensor(live[i % live.len()].0)?;
+                }
                 Cmd::Write(i, s) if !live.is_empty() => {
                     let i = i % live.len();
                     let h = live[i].0;
                     let data = pattern(s, m.bytes(h)?);
                     write(&mut m, h, &data)?;
+                    if declared.get(&h) == Some(&m.step) {
+                        if let Some(o) = produced.lock().unwrap().out.get_mut(&h) {
+                            o.0 = data.clone();
+                        }
+                    }
                     live[i].1 = data;
                 }
                 Cmd::Read(i) if !live.is_empty() => {
@@ -249,6 +350,14 @@ fn run_program_with(seed: u64, cmds: &[Cmd], plan: Plan) -> Result<(usize, u64),
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     m.check_invariants()
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    {
+        // Every recompute served was charged, with its own cost, and nothing else was.
+        let p = produced.lock().unwrap();
+        let s = m.stats();
+        prop_assert_eq!(s.recomputes, p.runs);
+        prop_assert!((s.recompute_us - p.run_us).abs() < 1e-6);
+        prop_assert!(s.recomputes <= s.drops);
+    }
     // Free half by hand (wherever they are), the rest at shutdown.
     for (h, _) in live.iter().step_by(2) {
         m.free(*h).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -257,7 +366,8 @@ fn run_program_with(seed: u64, cmds: &[Cmd], plan: Plan) -> Result<(usize, u64),
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     let planned = m
         .planner()
-        .map_or(0, |p| p.stats.spills + p.stats.prefetches);
+        .map_or(0, |p| p.stats.spills + p.stats.drops + p.stats.prefetches);
+    let planned_drops = m.planner().map_or(0, |p| p.stats.drops);
     let a = m
         .shutdown()
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -266,7 +376,7 @@ fn run_program_with(seed: u64, cmds: &[Cmd], plan: Plan) -> Result<(usize, u64),
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     // Every host buffer (the pinned pool and the pageable ones) was given back.
     prop_assert_eq!(a.backend().inner.host_buffers, 0);
-    Ok((verified, planned))
+    Ok((verified, planned, planned_drops))
 }
 
 proptest! {
@@ -305,6 +415,7 @@ fn planned_tiers_keep_every_byte_whatever_the_plan() {
         ..Config::default()
     });
     let planned = [std::cell::Cell::new(0u64), std::cell::Cell::new(0u64)];
+    let drops = std::cell::Cell::new(0u64);
     let strategy = (any::<u64>(), any::<bool>(), block);
     let r = runner.run(&strategy, |(seed, lying, block)| {
         let mut cmds = block.clone();
@@ -317,9 +428,10 @@ fn planned_tiers_keep_every_byte_whatever_the_plan() {
         } else {
             Plan::FromHistory
         };
-        let (_, n) = run_program_with(seed, &cmds, mode)?;
+        let (_, n, d) = run_program_with(seed, &cmds, mode)?;
         let c = &planned[lying as usize];
         c.set(c.get() + n);
+        drops.set(drops.get() + d);
         Ok(())
     });
     if let Err(e) = r {
@@ -327,6 +439,7 @@ fn planned_tiers_keep_every_byte_whatever_the_plan() {
     }
     assert!(planned[0].get() > 0, "no plan from history was carried out");
     assert!(planned[1].get() > 0, "no lying plan was carried out");
+    assert!(drops.get() > 0, "no planned drop was carried out");
 }
 
 #[test]

@@ -1,0 +1,71 @@
+//! [`TierStats`]: what the tiering layer counted (spills, prefetches, faults, drops and
+//! recomputes, stalls, host bytes). Counters only: updated in O(1) where they happen.
+
+use serde::Serialize;
+
+/// What the tiering layer counted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TierStats {
+    /// Spills issued (device to host copies) and their bytes.
+    pub spills: u64,
+    pub spilled_bytes: u64,
+    /// Spills that went to the pinned pool / to pageable memory.
+    pub spills_warm: u64,
+    pub spills_cold: u64,
+    /// Spills issued on the out-of-memory path (the caller waited for them).
+    pub sync_spills: u64,
+    /// Spills cancelled because the tensor was accessed while its copy was in flight.
+    pub cancelled_spills: u64,
+    /// Prefetches issued and their bytes.
+    pub prefetches: u64,
+    pub prefetched_bytes: u64,
+    /// Accesses that found a prefetched tensor ready on the device.
+    pub prefetch_hits: u64,
+    /// Accesses that found a prefetch still in flight (waited: counted as misses).
+    pub prefetch_late: u64,
+    /// Accesses of tensors on the host with no prefetch (synchronous fault).
+    pub faults: u64,
+    pub fault_bytes: u64,
+    /// Prefetched tensors freed or spilled again before any access.
+    pub prefetch_wasted: u64,
+    /// Time the caller waited for transfers (faults, late prefetches, OOM-path spills).
+    pub transfer_stall_us: f64,
+    /// Failed copies and host allocations (tensor kept where it was).
+    pub transfer_failures: u64,
+    pub host_alloc_failures: u64,
+    /// Out-of-memory errors returned.
+    pub ooms: u64,
+    /// Host bytes holding tensors (warm + cold), now and at peak.
+    pub host_bytes: u64,
+    pub peak_host_bytes: u64,
+    pub accesses: u64,
+    /// Of `transfer_stall_us`, the part spent in accesses (faults and late
+    /// prefetches); the rest was spent making room for allocations.
+    pub access_stall_us: f64,
+    /// Tensors dropped instead of spilled, and their bytes.
+    pub drops: u64,
+    pub dropped_bytes: u64,
+    /// Dropped tensors recomputed on the device, their bytes, and the compute time the
+    /// recomputes took (stall: the caller waited for them; not in `transfer_stall_us`).
+    pub recomputes: u64,
+    pub recomputed_bytes: u64,
+    pub recompute_us: f64,
+    /// Of `recomputes`, those made before an input was freed or written rather than
+    /// at the tensor's own access.
+    pub early_recomputes: u64,
+}
+
+impl TierStats {
+    /// `hits / (hits + misses)`, misses = faults + late prefetches; 1 when none.
+    pub fn prefetch_hit_rate(&self) -> f64 {
+        let n = self.prefetch_hits + self.prefetch_misses();
+        if n == 0 {
+            1.0
+        } else {
+            self.prefetch_hits as f64 / n as f64
+        }
+    }
+    pub fn prefetch_misses(&self) -> u64 {
+        self.faults + self.prefetch_late
+    }
+}
