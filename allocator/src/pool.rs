@@ -785,10 +785,10 @@ impl<B: DeviceBackend> Allocator<B> {
         if let Some(p) = self.placement.as_deref_mut() {
             p.freed(stream, id);
         }
-        // Planned placement caches nothing (a cached run is a used block where the
-        // plan wants free space).
+        // No caching while a plan serves the stream (a cached run is a used block
+        // where the plan wants free space).
         let deferred = self.cfg.coalesce == Coalesce::Deferred
-            && self.placement.is_none()
+            && self.placement.as_deref().is_none_or(|p| p.caches(stream))
             && pool.repeat_score >= 64
             && !pool.buddy.run_has_free_neighbour(seg, blk);
         if deferred {

@@ -11,19 +11,14 @@
 //! Keys are those of the in-run log ([`super::Key`]: length, context, ordinal), counted
 //! from the allocator's start instead of from each boundary. A run of the same job asks
 //! for the same runs in the same order; where it does not, its keys stop matching and
-//! the profile is dropped (more than `MISS_LIMIT` of its lookups missed), and in-run
-//! planning goes on alone. The profile also ends where the recording ended.
+//! the profile is dropped at its first miss, and in-run planning goes on alone. The
+//! profile also ends where the recording ended.
 
 use memcast_trace::{EventKind, Trace};
 
 use super::solve::{self, Want};
 use super::Key;
 use crate::fxmap::FxMap;
-
-/// A profile is dropped when more than 1/MISS_LIMIT of at least `MISS_MIN` lookups
-/// missed.
-const MISS_LIMIT: u64 = 16;
-const MISS_MIN: u64 = 64;
 
 /// Key generation for one stream, from its start or from a boundary.
 #[derive(Debug, Default, Clone)]
@@ -95,13 +90,15 @@ impl Profile {
 
     /// Whether it still serves: not past the recording's end and not diverged.
     pub(crate) fn active(&mut self) -> bool {
-        if self.left > 0 && self.lookups >= MISS_MIN && self.misses * MISS_LIMIT > self.lookups {
+        if self.left > 0 && self.misses > 0 {
             tracing::info!(
                 lookups = self.lookups,
                 misses = self.misses,
                 "placement profile: this run differs from the recorded one; dropped"
             );
             self.left = 0;
+            // Nor does its last iteration say what this run's iterations are.
+            self.periodic.clear();
         }
         self.left > 0
     }
@@ -132,6 +129,8 @@ pub(crate) fn plan_trace(trace: &Trace, small_max: u64, min_block: u64) -> Vec<(
         iter_keyed: Vec<Key>,
         iteration: Vec<u32>,
         boundaries: Vec<u32>,
+        /// The clock after the static blocks.
+        first: u32,
     }
     let mut streams: FxMap<u32, S> = FxMap::default();
     // Tensor id -> (stream, index in its wants).
@@ -162,6 +161,11 @@ pub(crate) fn plan_trace(trace: &Trace, small_max: u64, min_block: u64) -> Vec<(
     };
     for b in &trace.static_blocks {
         alloc(b.id, b.bytes, b.stream, &mut streams, &mut live, 0);
+    }
+    // Iteration 0 starts after the static blocks (its sequence is compared with the
+    // next iteration's without them).
+    for s in streams.values_mut() {
+        s.first = s.clock;
     }
     let mut boundaries = 0u32;
     for e in &trace.events {
@@ -224,19 +228,70 @@ pub(crate) fn plan_trace(trace: &Trace, small_max: u64, min_block: u64) -> Vec<(
                     w.free = end;
                 }
             }
+            // The last iteration repeats only if it equalled the one before it (the
+            // same runs in the same order, freed in the same order).
+            let seq = |it: u32| -> Vec<(Key, u32)> {
+                let start = if it == 0 {
+                    s.first
+                } else {
+                    s.boundaries[it as usize - 1]
+                };
+                (0..n)
+                    .filter(|&i| s.iteration[i] == it && s.wants[i].alloc >= start)
+                    .map(|i| (s.iter_keyed[i], s.wants[i].alloc - start))
+                    .collect()
+            };
+            let repeats = b >= 2 && {
+                let (x, y) = (seq(b - 1), seq(b - 2));
+                x == y
+            };
             let own: Vec<usize> = (0..n).filter(|&i| alias[i].is_none()).collect();
-            let wants: Vec<Want> = own.iter().map(|&i| s.wants[i]).collect();
-            let (solved, high) = solve::solve(&wants, &[]);
             let mut offs = vec![0u64; n];
-            for (&i, o) in own.iter().zip(solved) {
-                offs[i] = o;
-            }
+            let high = if repeats {
+                // The last iteration repeats (its plan serves the iterations after
+                // the recording): one plan of the whole recording.
+                let wants: Vec<Want> = own.iter().map(|&i| s.wants[i]).collect();
+                let (solved, high) = solve::solve(&wants, &[]);
+                for (&i, o) in own.iter().zip(solved) {
+                    offs[i] = o;
+                }
+                high
+            } else {
+                // What follows the recording is unknown (best fit will place it): the
+                // runs live at its end (parameters, optimizer state, the last
+                // gradients) go first, at the bottom, and the rest around them, so
+                // that the space above stays whole for what comes after.
+                let tail = |w: &Want| w.free == end || w.again.is_some_and(|(_, t)| t == end);
+                let (tails, rest): (Vec<usize>, Vec<usize>) =
+                    own.iter().partition(|&&i| tail(&s.wants[i]));
+                let tw: Vec<Want> = tails.iter().map(|&i| s.wants[i]).collect();
+                let (toffs, _) = solve::solve(&tw, &[]);
+                let mut fixed = Vec::new();
+                for (&i, &o) in tails.iter().zip(&toffs) {
+                    offs[i] = o;
+                    let w = s.wants[i];
+                    for (from, until) in std::iter::once((w.alloc, w.free)).chain(w.again) {
+                        fixed.push(solve::Fixed {
+                            off: o,
+                            len: w.len,
+                            from,
+                            until,
+                        });
+                    }
+                }
+                let rw: Vec<Want> = rest.iter().map(|&i| s.wants[i]).collect();
+                let (roffs, high) = solve::solve(&rw, &fixed);
+                for (&i, o) in rest.iter().zip(roffs) {
+                    offs[i] = o;
+                }
+                high
+            };
             for j in 0..n {
                 if let Some(i) = alias[j] {
                     offs[j] = offs[i];
                 }
             }
-            let periodic = if b >= 2 {
+            let periodic = if repeats {
                 (0..n)
                     .filter(|&i| s.iteration[i] == b - 1)
                     .map(|i| (s.iter_keyed[i], offs[i]))

@@ -147,7 +147,21 @@ impl<B: DeviceBackend> Allocator<B> {
         };
         let pools = &self.pools;
         p.boundary(|s| pools.get(s as usize)?.as_ref()?.growable[0]);
+        let planned = p.planned_streams();
         self.placement = Some(p);
+        // A plan starts: what the cache holds goes back to the placement index.
+        for s in planned {
+            let cached = self
+                .pools
+                .get(s as usize)
+                .and_then(|p| p.as_ref())
+                .is_some_and(|p| p.cache.runs() > 0);
+            if cached {
+                if let Err(e) = self.flush_cache(s) {
+                    tracing::warn!("planned placement: emptying the cache of stream {s}: {e}");
+                }
+            }
+        }
     }
 
     /// Turns planned placement on with the profile of recorded run `trace` (what

@@ -14,7 +14,7 @@
 //!
 //! Time is the iteration's clock: large events (allocations and frees of runs on the
 //! stream) counted from the boundary. A run lives over `[alloc, free)`; a run still live
-//! at the end has `free == end`. A fixed run is live over `[0, until)` (`u32::MAX`:
+//! at the end has `free == end`. A fixed run is live over `[from, until)` (`u32::MAX`:
 //! the whole iteration).
 //!
 //! Cost: O(n * (n + f) * log) for n runs and f fixed runs (greedy by size, skipped
@@ -55,12 +55,20 @@ impl Want {
     }
 }
 
-/// A run already placed: `[off, off + len)`, live until clock `until`.
+/// A run already placed: `[off, off + len)`, live over clocks `[from, until)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fixed {
     pub off: u64,
     pub len: u64,
+    pub from: u32,
     pub until: u32,
+}
+
+impl Fixed {
+    /// Whether it shares time with `w`.
+    fn meets(&self, w: &Want) -> bool {
+        w.spans().any(|(a, f)| a < self.until && self.from < f)
+    }
 }
 
 /// The offsets of `wants` (same order) and the highest end offset over all runs, fixed
@@ -107,11 +115,17 @@ fn by_time(wants: &[Want], fixed: &[Fixed], hints: &[Option<u64>]) -> (Vec<u64>,
     // Live ranges (start, end, free time), sorted by start.
     let mut live: Vec<(u64, u64, u32)> = fixed
         .iter()
+        .filter(|f| f.from == 0)
         .map(|f| (f.off, f.off + f.len, f.until))
         .collect();
     live.sort_unstable();
-    // Second intervals of placed runs (`Want::again`): (start, end, from, to).
-    let mut later: Vec<(u64, u64, u32, u32)> = Vec::new();
+    // Intervals that start later: second intervals of placed runs (`Want::again`) and
+    // fixed runs from a later clock: (start, end, from, to).
+    let mut later: Vec<(u64, u64, u32, u32)> = fixed
+        .iter()
+        .filter(|f| f.from > 0)
+        .map(|f| (f.off, f.off + f.len, f.from, f.until))
+        .collect();
     let mut busy: Vec<(u64, u64)> = Vec::new();
     for &i in &order {
         let w = wants[i];
@@ -175,7 +189,7 @@ fn by_size(wants: &[Want], fixed: &[Fixed], hints: &[Option<u64>]) -> (Vec<u64>,
         busy.extend(
             fixed
                 .iter()
-                .filter(|f| w.alloc < f.until)
+                .filter(|f| f.meets(&w))
                 .map(|f| (f.off, f.off + f.len)),
         );
         busy.extend(
@@ -239,11 +253,13 @@ mod tests {
             Fixed {
                 off: 0,
                 len: 40,
+                from: 0,
                 until: 3,
             },
             Fixed {
                 off: 200,
                 len: 100,
+                from: 0,
                 until: u32::MAX,
             },
         ];
@@ -282,6 +298,7 @@ mod tests {
                 .collect();
             let fixed: Vec<Fixed> = (0..rnd(4))
                 .map(|k| Fixed {
+                    from: if rnd(3) == 0 { rnd(60) as u32 } else { 0 },
                     off: k * 100_000,
                     len: 256 * (1 + rnd(8)),
                     until: if rnd(2) == 0 {
@@ -303,7 +320,7 @@ mod tests {
                     let (wi, ri) = (wants[i], (offs[i], offs[i] + wants[i].len));
                     assert!(ri.1 <= high);
                     for f in &fixed {
-                        if wi.spans().any(|(a, _)| a < f.until) {
+                        if f.meets(&wi) {
                             assert!(!overlaps(ri, (f.off, f.off + f.len)), "{wi:?} {f:?}");
                         }
                     }
