@@ -68,3 +68,31 @@ fn replay_reports_bad_input_without_panicking() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("growth_factor"));
 }
+
+#[test]
+fn a_recorded_run_is_a_placement_profile_and_a_bad_one_is_named() {
+    let t = bundled("gpt2_b8_s1024_train_bf16");
+    let best_fit = replay_json(&["replay", &t, "--json"]);
+    let conf = format!("placement_profile:{t}");
+    let planned = replay_json(&["replay", &t, "--json", "--conf", &conf]);
+    let p = &planned["extra"]["placement"];
+    assert!(p["profile_hits"].as_u64().unwrap() > 1000, "{p}");
+    assert_eq!(p["profile_misses"], 0, "{p}");
+    assert_eq!(
+        planned["peak_requested_bytes"],
+        best_fit["peak_requested_bytes"]
+    );
+    assert!(
+        planned["peak_reserved_bytes"].as_u64() < best_fit["peak_reserved_bytes"].as_u64(),
+        "{} vs {}",
+        planned["peak_reserved_bytes"],
+        best_fit["peak_reserved_bytes"]
+    );
+    for bad in ["/nonexistent/run.mctrace", "Cargo.toml"] {
+        let conf = format!("placement_profile:{bad}");
+        let o = memcast(&["replay", &t, "--conf", &conf]);
+        assert!(!o.status.success(), "{bad} should fail");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(bad) && !err.contains("panicked"), "{err}");
+    }
+}

@@ -239,3 +239,43 @@ def test_predictive_goes_through_the_config_string():
     assert r["predictive"] is True and r["steps"] == 30, r
     assert r["last"] < r["first"]
     assert r["late"] and "too late" in r["late"]
+
+
+TRAIN_MLP = """
+import json, torch, memcast_torch as mt
+{setup}
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(2048, 4096), torch.nn.ReLU(),
+                        torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
+                        torch.nn.Linear(4096, 10)).cuda()
+opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+x = torch.randn(1024, 2048, device="cuda"); t = torch.randint(0, 10, (1024,), device="cuda")
+losses = []
+for i in range({steps}):
+    loss = torch.nn.functional.cross_entropy(m(x), t)
+    opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+    losses.append(loss.item()); mt.step()
+{teardown}
+s = mt.stats()
+print(json.dumps({{"losses": losses, "reserved": s["reserved"]["peak"],
+                  "requested": s["requested"]["peak"], "placement": s["placement"]}}))
+"""
+
+
+def test_a_recording_from_the_start_is_a_placement_profile_for_the_next_run(tmp_path):
+    path = str(tmp_path / "mlp.mctrace")
+    # A run recorded from before its first CUDA allocation: a warm-up step and 3 more.
+    first = run(TRAIN_MLP.format(
+        setup=f"mt.install()\nrec = mt.record({path!r})", steps=4, teardown="rec.stop()"))
+    # The next run of the same job, longer than the recording, with it as its profile.
+    second = run(TRAIN_MLP.format(
+        setup=f"mt.install(conf='placement_profile:{path}')", steps=10, teardown=""))
+    p = second["placement"]
+    # Every large allocation of the recorded steps went where the plan put it, and so
+    # did those of the steps after them (the recording's last step repeated).
+    assert p["profile_hits"] > 0 and p["profile_misses"] == 0, p
+    assert p["planned_hits"] > 0 and p["planned_misses"] == 0, p
+    # Placement changes addresses, not results.
+    for a, b in zip(first["losses"], second["losses"]):
+        assert abs(a - b) <= 1e-6 * abs(a), (first["losses"], second["losses"])
+    assert second["reserved"] <= first["reserved"], (first, second)
