@@ -46,6 +46,13 @@ pub struct Book {
     pub steps: u64,
     pub failed_allocs: u64,
     pub failed_frees: u64,
+    // Invariant: live_bytes = the sum of the requested sizes in `live`.
+    /// Requested bytes live now, their peak since the last step, and that peak over the
+    /// last completed step (what the next step is forecast to need if it repeats the
+    /// last: `memcast_torch.distributed.exchange` shares it).
+    pub live_bytes: u64,
+    pub step_peak: u64,
+    pub last_step_peak: u64,
 }
 
 pub struct Device {
@@ -180,6 +187,8 @@ impl Device {
         let id = b.next_id;
         b.next_id += 1;
         b.live.insert(ptr, (size, stream, id));
+        b.live_bytes += size;
+        b.step_peak = b.step_peak.max(b.live_bytes);
         if let Some(r) = b.rec.as_mut() {
             r.alloc(id, size, stream);
         }
@@ -190,6 +199,7 @@ impl Device {
         {
             let mut b = self.book();
             if let Some((bytes, _, id)) = b.live.remove(&ptr) {
+                b.live_bytes -= bytes;
                 if let Some(r) = b.rec.as_mut() {
                     r.free(id, bytes);
                 }
@@ -227,6 +237,8 @@ impl Device {
         self.alloc.lock().iteration_boundary();
         let mut b = self.book();
         b.steps += 1;
+        b.last_step_peak = b.step_peak;
+        b.step_peak = b.live_bytes;
         if let Some(r) = b.rec.as_mut() {
             r.boundary();
         }
@@ -274,6 +286,8 @@ impl Device {
                 "capacity_bytes": capacity,
                 "steps": b.steps,
                 "live_tensors": b.live.len(),
+                "live_bytes": b.live_bytes,
+                "step_peak": {"current": b.step_peak, "last": b.last_step_peak},
                 "recording_events": b.rec.as_ref().map(|r| r.events()),
                 "failed_allocs": b.failed_allocs,
                 "failed_frees": b.failed_frees,
