@@ -360,6 +360,18 @@ fn print_table(r: &ReplayReport) {
             r.critical_path_device_us / 1e3
         );
     }
+    let p = &r.extra["placement"];
+    if p.is_object() {
+        out!(
+            "placement         planned: {} at the profile's offset ({} not), {} at the plan's ({} not, {} keys unknown); {} plans",
+            p["profile_hits"],
+            p["profile_misses"],
+            p["planned_hits"],
+            p["planned_misses"],
+            p["unplanned"],
+            p["plans_kept"]
+        );
+    }
     out!("replay speed      {:.2} M events/s", r.events_per_sec / 1e6);
     cuda::print_calls(r);
 }
