@@ -90,7 +90,7 @@ opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
 g = torch.Generator(device="cuda").manual_seed(100 + r)
 x = torch.randn(512, 1024, device="cuda", generator=g)
 t = torch.randint(0, 10, (512,), device="cuda", generator=g)
-losses, rows = [], None
+losses, rows, secs = [], None, []
 for i in range(12):
     loss = torch.nn.functional.cross_entropy(ddp(x), t)
     opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
@@ -105,8 +105,8 @@ dist.destroy_process_group()
 
 MEMCAST = dict(
     install="import memcast_torch as mt\nfrom memcast_torch import distributed as mtd\nmt.install()",
-    after_step="mt.step(); rows = mtd.exchange()",
-    stats='out["stats"] = {k: mt.stats()[k] for k in ("reserved", "requested", "steps", "failed_allocs", "failed_frees")}\nout["seconds"] = mtd.exchange.last_seconds',
+    after_step="mt.step(); rows = mtd.exchange(); secs.append(mtd.exchange.last_seconds)",
+    stats='out["stats"] = {k: mt.stats()[k] for k in ("reserved", "requested", "steps", "failed_allocs", "failed_frees")}\nout["seconds"] = secs',
 )
 NATIVE = dict(install="", after_step="pass", stats="")
 
@@ -137,4 +137,4 @@ def test_ddp_over_nccl_with_memcast():
     (one,) = ranks(DDP.format(backend="nccl", **MEMCAST), world=1)
     assert one["stats"]["failed_allocs"] == 0 and one["stats"]["failed_frees"] == 0, one
     assert one["losses"][-1] < one["losses"][0]
-    assert one["rows"][0]["forecast_peak"] > 0 and one["seconds"] > 0
+    assert one["rows"][0]["forecast_peak"] > 0 and min(one["seconds"]) > 0
