@@ -56,7 +56,8 @@ pub(crate) fn for_config(
     cfg: &AllocConfig,
     small_max: u64,
 ) -> Result<Option<Box<Placement>>, AllocError> {
-    if cfg.placement != crate::config::Placement::Planned {
+    // A profile implies planned placement, whatever the order of the keys.
+    if cfg.placement != crate::config::Placement::Planned && cfg.placement_profile.is_none() {
         return Ok(None);
     }
     let Some(path) = cfg.placement_profile.as_deref() else {
@@ -191,10 +192,17 @@ struct StreamPlan {
     /// The live runs the plan was made around ([`layout`]): a plan serves the next
     /// iteration only if it starts from the same layout.
     planned_layout: u64,
+    /// The (layout, iteration signature) of the last plan made and not kept: the same
+    /// inputs give the same plan, so it is not computed again for them.
+    rejected: Option<(u64, u64)>,
 }
 
 /// Repeats in a row (equal consecutive iterations) before the log's plans are used.
 const REPEATS: u32 = 2;
+
+/// Large allocations in one iteration above which the log starts over, unplanned: a
+/// program that never calls `iteration_boundary` must not grow the log for ever.
+const ITEMS_MAX: usize = 1 << 17;
 
 /// The running hash of an iteration's events: `h` after an event of `kind` on `key`.
 fn mix(h: u64, key: Key, kind: u64) -> u64 {
@@ -243,6 +251,10 @@ impl Placement {
     pub fn for_trace(trace: &memcast_trace::Trace, small_max: u64, min_block: u64) -> Self {
         let mut p = Placement::default();
         for (stream, prof) in profile::plan_trace(trace, small_max, min_block) {
+            // Records keep the stream in 16 bits: no such stream can exist here.
+            if stream > u32::from(u16::MAX) {
+                continue;
+            }
             if stream == 0 {
                 p.stats.profile_high = prof.high;
             }
@@ -325,6 +337,16 @@ impl Placement {
         growable: bool,
     ) {
         let p = self.stream(stream);
+        if p.items.len() >= ITEMS_MAX {
+            // An iteration of its own, never planned (no repeat is counted for it).
+            p.iteration += 1;
+            p.clock = 0;
+            p.items.clear();
+            p.wrap.clear();
+            p.keys.clear();
+            p.repeats = 0;
+            p.last_sig = !p.sig;
+        }
         let alloc = p.clock;
         p.clock += 1;
         p.items.push(Item {
@@ -428,10 +450,11 @@ impl Placement {
                 stats.not_repeating += 1;
             }
             if let (Some(seg), false, false, true) = (seg, profiled, skipping, repeating) {
-                let needed = p.plan.is_empty()
+                let lay = layout(&p.live, seg);
+                let needed = (p.plan.is_empty() && p.rejected != Some((lay, p.last_sig)))
                     || p.misses > 0
                     || p.seg != seg
-                    || layout(&p.live, seg) != p.planned_layout;
+                    || lay != p.planned_layout;
                 if needed && !p.items.is_empty() {
                     stats.plans += 1;
                     plan(p, seg, end, stats);
@@ -620,6 +643,7 @@ fn plan(p: &mut StreamPlan, seg: u32, end: u32, stats: &mut PlacementStats) {
     p.plan.clear();
     p.high = 0;
     p.planned_layout = layout(&p.live, seg);
+    p.rejected = (high > seen).then_some((p.planned_layout, p.last_sig));
     if high <= seen {
         p.plan
             .extend(p.items.iter().zip(offs).map(|(i, o)| (i.key, o)));

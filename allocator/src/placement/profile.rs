@@ -199,6 +199,7 @@ pub(crate) fn plan_trace(trace: &Trace, small_max: u64, min_block: u64) -> Vec<(
             // offset of run i (its key's run one iteration earlier).
             let mut alias: Vec<Option<usize>> = vec![None; n];
             let b = s.boundaries.len() as u32;
+            let mut unaliased = false;
             if b >= 2 {
                 let (last, before) = (b - 1, b - 2);
                 // The clock at the last iteration's start (its opening boundary).
@@ -220,6 +221,10 @@ pub(crate) fn plan_trace(trace: &Trace, small_max: u64, min_block: u64) -> Vec<(
                     if wi.free != u32::MAX && wi.free >= last_start && wi.free <= wj.alloc {
                         s.wants[i].again = Some((wj.alloc, end));
                         alias[j] = Some(i);
+                    } else {
+                        // Both live at once (double buffered): the next iteration's run
+                        // of this key cannot take this one's offset.
+                        unaliased = true;
                     }
                 }
             }
@@ -291,7 +296,7 @@ pub(crate) fn plan_trace(trace: &Trace, small_max: u64, min_block: u64) -> Vec<(
                     offs[j] = offs[i];
                 }
             }
-            let periodic = if repeats {
+            let periodic = if repeats && !unaliased {
                 (0..n)
                     .filter(|&i| s.iteration[i] == b - 1)
                     .map(|i| (s.iter_keyed[i], offs[i]))
@@ -299,12 +304,20 @@ pub(crate) fn plan_trace(trace: &Trace, small_max: u64, min_block: u64) -> Vec<(
             } else {
                 FxMap::default()
             };
+            let left = if periodic.is_empty() {
+                n as u64
+            } else {
+                (0..n).filter(|&i| s.iteration[i] < b).count() as u64
+            };
             let profile = Profile {
                 keys: Keys::default(),
                 plan: s.keyed.iter().copied().zip(offs).collect(),
                 periodic,
                 high,
-                left: n as u64,
+                // With a periodic hand-over, the profile ends with its last complete
+                // iteration (the boundary after it hands over), not within what the
+                // recording holds after it.
+                left,
                 lookups: 0,
                 misses: 0,
             };

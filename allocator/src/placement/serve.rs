@@ -22,12 +22,22 @@ impl<B: DeviceBackend> Allocator<B> {
         // As in `alloc_large_best_fit` (min_block is a power of two); a request within
         // min_block of u64::MAX wraps to 0 and takes best fit's path, which refuses it.
         let len = bytes.wrapping_add(self.cfg.min_block - 1) & !(self.cfg.min_block - 1);
+        // An unknown stream is best fit's error (before the log makes room for it).
+        if stream >= self.streams {
+            return self.alloc_large_best_fit(bytes, stream);
+        }
         let p = self.placement.as_deref_mut().expect("planned placement");
         let (key, target) = p.next(stream, len);
         let mut placed = None;
         if let Some(t) = target.filter(|_| len > 0 && bytes <= self.request_cap) {
             let id = self.reserve_record();
-            match self.carve_planned(stream, t, len, id) {
+            let mut got = self.carve_planned(stream, t, len, id);
+            // The device refused the growth: memory that caches (of any stream) hold
+            // goes back first, as best fit's out-of-memory path would do.
+            if matches!(got, Err(true)) && self.release_free_memory().is_ok_and(|b| b > 0) {
+                got = self.carve_planned(stream, t, len, id);
+            }
+            match got.ok() {
                 Some((run, base)) => {
                     self.records[id].make_run(base, run, bytes, len, stream);
                     placed = Some(id);
@@ -75,31 +85,34 @@ impl<B: DeviceBackend> Allocator<B> {
         target: Target,
         len: u64,
         owner: u32,
-    ) -> Option<(Run, u64)> {
+    ) -> Result<(Run, u64), bool> {
         let granule = self.granule();
         let high = self
             .placement
             .as_deref()
             .map_or(0, |p| p.high(stream, target));
         if !(self.cfg.growable_segments && self.backend.supports_growable()) {
-            return None;
+            return Err(false);
         }
-        self.pool_mut(stream).ok()?;
+        self.pool_mut(stream).map_err(|_| false)?;
         let (seg, off) = match target {
             Target::Plan { seg, off } => (seg, off),
-            Target::Profile { off } => (self.growable_segment(stream, false).ok()?, off),
+            Target::Profile { off } => (
+                self.growable_segment(stream, false).map_err(|_| false)?,
+                off,
+            ),
         };
-        let pool = self.pools[stream as usize].as_ref()?;
+        let pool = self.pools[stream as usize].as_ref().ok_or(false)?;
         if pool.growable[0] != Some(seg) {
-            return None;
+            return Err(false);
         }
         let s = &pool.buddy.segs[seg];
         let (base, mapped, order) = (s.base, s.mapped, s.order);
-        let end = off.checked_add(len)?;
+        let end = off.checked_add(len).ok_or(false)?;
         if end > mapped {
             // The free tail must start at or below `off`.
             if off < mapped - pool.buddy.trailing_free(seg) {
-                return None;
+                return Err(false);
             }
             let room = (1u64 << order) - mapped;
             let need = (end - mapped).next_multiple_of(granule);
@@ -109,14 +122,16 @@ impl<B: DeviceBackend> Allocator<B> {
                 .saturating_sub(mapped)
                 .min(need + self.cfg.growth_initial)
                 .next_multiple_of(granule);
-            let available = self.backend.capacity().saturating_sub(self.backend.used());
+            // Whole granules only (a backend may take finer sizes than the granule).
+            let available =
+                self.backend.capacity().saturating_sub(self.backend.used()) / granule * granule;
             let mut add = want.min(room).min(available).max(need);
             if need > room {
-                return None;
+                return Err(false);
             }
             if self.backend.grow(DevicePtr(base), mapped, add).is_err() {
                 if add == need || self.backend.grow(DevicePtr(base), mapped, need).is_err() {
-                    return None;
+                    return Err(true);
                 }
                 add = need;
             }
@@ -136,8 +151,8 @@ impl<B: DeviceBackend> Allocator<B> {
             .map(|r| r.seg_blk())
             .and_then(|(s, blk)| (s == seg).then_some(blk));
         let pool = self.pools[stream as usize].as_mut().expect("pool");
-        let spot: Spot = pool.buddy.spot_near(seg, from, off, len)?;
-        Some(pool.buddy.carve_at(spot, len, owner))
+        let spot: Spot = pool.buddy.spot_near(seg, from, off, len).ok_or(false)?;
+        Ok(pool.buddy.carve_at(spot, len, owner))
     }
 
     /// Planned placement at an iteration boundary: plans each stream's next iteration.
