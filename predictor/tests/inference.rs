@@ -327,3 +327,42 @@ fn a_flooded_service_takes_a_bounded_share_of_a_core() {
     );
     assert_eq!(stats.submitted, stats.dropped + stats.processed);
 }
+
+#[test]
+fn boundaries_of_dropped_chunks_reach_the_engine() {
+    use memcast_predictor::forecaster::{encode_alloc, SeasonalForecaster, BOUNDARY};
+    use memcast_predictor::{Engine, EventChunk};
+    // Chunks of allocations into a queue of one, and a chunk that ends an iteration
+    // only when the queue was just seen full: the boundary chunks are dropped (all of
+    // them, unless the service popped in between), and the engine still sees
+    // iterations (without them every allocation is setup: no step, no forecast).
+    let mut allocs = EventChunk::default();
+    allocs.events.fill(encode_alloc(1 << 20));
+    allocs.len = allocs.events.len();
+    let mut boundary = EventChunk::default();
+    boundary.events[..4].fill(encode_alloc(1 << 20));
+    boundary.events[4] = BOUNDARY;
+    boundary.len = 5;
+    let engine = Engine::new(
+        StepConfig::default(),
+        Box::new(SeasonalForecaster { horizon: 2 }),
+    );
+    let mut svc = ForecastService::start(engine, 1, 0).unwrap();
+    let (mut lost, mut accepted) = (0, 0);
+    let t0 = std::time::Instant::now();
+    while lost < 20 && t0.elapsed() < std::time::Duration::from_secs(10) {
+        if !svc.submit(&allocs) {
+            if svc.submit(&boundary) {
+                accepted += 1;
+            } else {
+                lost += 1;
+            }
+        }
+    }
+    let stats = svc.shutdown();
+    assert!(lost > 0, "no boundary chunk was dropped: {stats:?}");
+    assert_eq!(stats.carried, lost, "{stats:?}");
+    if accepted == 0 {
+        assert!(stats.forecasts > 0, "{stats:?}");
+    }
+}
