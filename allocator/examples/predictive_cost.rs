@@ -69,6 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let _s1: Vec<_> = t.statics.iter().map(|&b| reactive.allocate(b, 0)).collect();
     let _s2: Vec<_> = t.statics.iter().map(|&b| pred.allocate(b, 0)).collect();
     let (mut tr, mut tp) = (Vec::new(), Vec::new());
+    let (wall, cpu0) = (Instant::now(), forecast_thread_cpu_ms());
     for _ in 0..runs {
         let t0 = Instant::now();
         run(&mut reactive, &mixed, &t.ops, t.slots);
@@ -76,6 +77,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t0 = Instant::now();
         run(&mut pred, &mixed, &t.ops, t.slots);
         tp.push(t0.elapsed().as_secs_f64() * 1e9 / pairs);
+    }
+    // (The thread may not have named itself yet at the start.)
+    if let Some(b) = forecast_thread_cpu_ms() {
+        let a = cpu0.unwrap_or(0);
+        println!(
+            "forecast thread CPU {} ms over {:.0} ms of runs",
+            b - a,
+            wall.elapsed().as_secs_f64() * 1e3
+        );
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -96,4 +106,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+/// CPU time of this process's `memcast-forecast` thread (Linux `/proc`; `None`
+/// elsewhere), in ms.
+fn forecast_thread_cpu_ms() -> Option<u64> {
+    let tick_ms = 10; // USER_HZ = 100
+    std::fs::read_dir("/proc/self/task")
+        .ok()?
+        .filter_map(Result::ok)
+        .find_map(|t| {
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            if !comm.starts_with("memcast-fore") {
+                return None;
+            }
+            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+            // After the command's closing parenthesis: utime and stime are the 12th and
+            // 13th fields.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split(' ').collect();
+            let (u, s): (u64, u64) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
+            Some((u + s) * tick_ms)
+        })
 }

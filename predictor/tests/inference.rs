@@ -291,3 +291,78 @@ fn dropping_the_service_stops_and_joins_its_thread() {
         "the service thread outlived its drop"
     );
 }
+
+#[test]
+fn a_flooded_service_takes_a_bounded_share_of_a_core() {
+    use memcast_predictor::forecaster::{encode_alloc, encode_free, NoForecaster};
+    use memcast_predictor::{Engine, EventChunk};
+    // Full chunks of allocations and frees, submitted as fast as the queue takes them
+    // for 100 ms: the paced service processes at most 8 chunks per 5 ms (plus slack
+    // for a late pause), not the tens of thousands an unpaced one gets through.
+    let mut chunk = EventChunk::default();
+    for (i, e) in chunk.events.iter_mut().enumerate() {
+        *e = if i % 2 == 0 {
+            encode_alloc(4096)
+        } else {
+            encode_free(4096)
+        };
+    }
+    chunk.len = chunk.events.len();
+    let engine = Engine::new(StepConfig::default(), Box::new(NoForecaster));
+    let mut svc = ForecastService::start(engine, 64, 0).unwrap();
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < std::time::Duration::from_millis(100) {
+        for _ in 0..64 {
+            svc.submit(&chunk);
+        }
+        std::thread::yield_now();
+    }
+    let processed = svc.stats().processed;
+    let bound = 8 * (t0.elapsed().as_millis() as u64 / 5 + 2);
+    let stats = svc.shutdown();
+    assert!(processed > 0, "{stats:?}");
+    assert!(
+        processed <= 2 * bound,
+        "{processed} chunks > 2 x {bound}: {stats:?}"
+    );
+    assert_eq!(stats.submitted, stats.dropped + stats.processed);
+}
+
+#[test]
+fn boundaries_of_dropped_chunks_reach_the_engine() {
+    use memcast_predictor::forecaster::{encode_alloc, SeasonalForecaster, BOUNDARY};
+    use memcast_predictor::{Engine, EventChunk};
+    // Chunks of allocations into a queue of one, and a chunk that ends an iteration
+    // only when the queue was just seen full: the boundary chunks are dropped (all of
+    // them, unless the service popped in between), and the engine still sees
+    // iterations (without them every allocation is setup: no step, no forecast).
+    let mut allocs = EventChunk::default();
+    allocs.events.fill(encode_alloc(1 << 20));
+    allocs.len = allocs.events.len();
+    let mut boundary = EventChunk::default();
+    boundary.events[..4].fill(encode_alloc(1 << 20));
+    boundary.events[4] = BOUNDARY;
+    boundary.len = 5;
+    let engine = Engine::new(
+        StepConfig::default(),
+        Box::new(SeasonalForecaster { horizon: 2 }),
+    );
+    let mut svc = ForecastService::start(engine, 1, 0).unwrap();
+    let (mut lost, mut accepted) = (0, 0);
+    let t0 = std::time::Instant::now();
+    while lost < 20 && t0.elapsed() < std::time::Duration::from_secs(10) {
+        if !svc.submit(&allocs) {
+            if svc.submit(&boundary) {
+                accepted += 1;
+            } else {
+                lost += 1;
+            }
+        }
+    }
+    let stats = svc.shutdown();
+    assert!(lost > 0, "no boundary chunk was dropped: {stats:?}");
+    assert_eq!(stats.carried, lost, "{stats:?}");
+    if accepted == 0 {
+        assert!(stats.forecasts > 0, "{stats:?}");
+    }
+}

@@ -6,7 +6,7 @@
 //!    (replay calls it at the trace's markers; a framework once per training step),
 //!    appends one event code to a fixed chunk (one store and one compare on the hot
 //!    path);
-//! 2. a full chunk (32 events) goes to the online [`Engine`]: the same
+//! 2. a full chunk (256 events; 16 inline) goes to the online [`Engine`]: the same
 //!    `StepFeaturizer` the trainer reads traces with, then the forecaster, either on
 //!    the `ForecastService` thread (default: the allocation path only hands the chunk
 //!    over, never waits) or inline (`forecast_thread:false`, deterministic: replay);
