@@ -507,7 +507,12 @@ impl Extents {
     /// The free block of `seg` containing `[off, off + len)`, if any. O(blocks of the
     /// segment): used only by buddy placement and checks.
     pub fn containing(&self, seg: u32, off: u64, len: u64) -> Option<u32> {
-        let mut i = self.ends.get(seg as usize)?.0;
+        self.walk_to(self.ends.get(seg as usize)?.0, off, len)
+    }
+
+    /// From block `i` (at or left of `off`) rightwards to the block holding `off`: that
+    /// block if it is free and holds all of `[off, off + len)`.
+    fn walk_to(&self, mut i: u32, off: u64, len: u64) -> Option<u32> {
         while i != NIL {
             let b = self.blks.at(i);
             if b.off + b.len > off {
@@ -527,16 +532,7 @@ impl Extents {
         if b.state == BlkState::Dead || b.seg != seg || b.off > off {
             return self.containing(seg, off, len);
         }
-        let mut i = from;
-        while i != NIL {
-            let b = self.blks.at(i);
-            if b.off + b.len > off {
-                let inside = b.off <= off && off + len <= b.off + b.len;
-                return (inside && b.state == BlkState::Free).then_some(i);
-            }
-            i = b.right;
-        }
-        None
+        self.walk_to(from, off, len)
     }
 
     /// Smallest of up to `limit` candidates (newest first) in bin `b` with length >=

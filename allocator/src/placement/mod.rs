@@ -210,6 +210,17 @@ fn mix(h: u64, key: Key, kind: u64) -> u64 {
     (h.rotate_left(5) ^ x).wrapping_mul(crate::fxmap::K)
 }
 
+impl StreamPlan {
+    /// The log of a new iteration: its clock, keys, runs and wrap times start over.
+    fn next_iteration(&mut self) {
+        self.iteration += 1;
+        self.clock = 0;
+        self.keys.clear();
+        self.items.clear();
+        self.wrap.clear();
+    }
+}
+
 /// An order-independent hash of the live runs of segment `seg`: (key, offset, length)
 /// of each.
 fn layout(live: &FxMap<u32, Live>, seg: u32) -> u64 {
@@ -339,11 +350,7 @@ impl Placement {
         let p = self.stream(stream);
         if p.items.len() >= ITEMS_MAX {
             // An iteration of its own, never planned (no repeat is counted for it).
-            p.iteration += 1;
-            p.clock = 0;
-            p.items.clear();
-            p.wrap.clear();
-            p.keys.clear();
+            p.next_iteration();
             p.repeats = 0;
             p.last_sig = !p.sig;
         }
@@ -460,11 +467,7 @@ impl Placement {
                     plan(p, seg, end, stats);
                 }
             }
-            p.iteration += 1;
-            p.clock = 0;
-            p.keys.clear();
-            p.items.clear();
-            p.wrap.clear();
+            p.next_iteration();
             p.misses = 0;
             p.abandoned = false;
             p.used_high = seg.map_or(0, |seg| {
