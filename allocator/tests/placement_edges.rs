@@ -125,58 +125,40 @@ fn first_boundaries(evs: &[Ev], n: usize) -> Vec<Ev> {
     out
 }
 
-#[test]
-fn periodic_in_run_plan_serves_without_misses() {
-    let p = prog(14, false);
-    let s = run_sim(&p, "placement:planned", None);
+/// Runs the 14-iteration periodic program (`double_buffer`: runs live across the
+/// boundary are double buffered) under in-run plans, or with its first 4 boundaries as
+/// a profile, and checks every plan was served without a miss.
+fn served_without_misses(double_buffer: bool, profiled: bool) {
+    let p = prog(14, double_buffer);
+    let prof = profiled.then(|| trace_of(&first_boundaries(&p, 4)));
+    let s = run_sim(&p, "placement:planned", prof.as_ref());
     eprintln!("{s:?}");
     assert!(s.planned_hits > 0, "{s:?}");
     assert_eq!(
-        (s.planned_misses, s.unplanned, s.abandoned),
-        (0, 0, 0),
+        (s.profile_misses, s.planned_misses, s.unplanned, s.abandoned),
+        (0, 0, 0, 0),
         "{s:?}"
     );
+}
+
+#[test]
+fn periodic_in_run_plan_serves_without_misses() {
+    served_without_misses(false, false);
 }
 
 #[test]
 fn periodic_profile_prefix_serves_without_misses() {
-    let p = prog(14, false);
-    let prof = trace_of(&first_boundaries(&p, 4));
-    let s = run_sim(&p, "placement:planned", Some(&prof));
-    eprintln!("{s:?}");
-    assert!(s.planned_hits > 0, "{s:?}");
-    assert_eq!(
-        (s.profile_misses, s.planned_misses, s.unplanned, s.abandoned),
-        (0, 0, 0, 0),
-        "{s:?}"
-    );
+    served_without_misses(false, true);
 }
 
 #[test]
 fn double_buffered_in_run_plan_serves_without_misses() {
-    let p = prog(14, true);
-    let s = run_sim(&p, "placement:planned", None);
-    eprintln!("{s:?}");
-    assert!(s.planned_hits > 0, "{s:?}");
-    assert_eq!(
-        (s.planned_misses, s.unplanned, s.abandoned),
-        (0, 0, 0),
-        "{s:?}"
-    );
+    served_without_misses(true, false);
 }
 
 #[test]
 fn double_buffered_profile_prefix_serves_without_misses() {
-    let p = prog(14, true);
-    let prof = trace_of(&first_boundaries(&p, 4));
-    let s = run_sim(&p, "placement:planned", Some(&prof));
-    eprintln!("{s:?}");
-    assert!(s.planned_hits > 0, "{s:?}");
-    assert_eq!(
-        (s.profile_misses, s.planned_misses, s.unplanned, s.abandoned),
-        (0, 0, 0, 0),
-        "{s:?}"
-    );
+    served_without_misses(true, true);
 }
 
 #[test]
