@@ -8,8 +8,10 @@ Two ways in (see docs/cuda.md):
   PyTorch's own memory statistics (``torch.cuda.memory_stats``) are unavailable then:
   use ``stats()``.
 - ``pool()``: a ``torch.cuda.MemPool`` whose segments come from memcast; use it with
-  ``torch.cuda.use_mem_pool(pool)``. PyTorch's caching allocator keeps managing blocks
-  inside those segments, so its statistics keep working, and it can be used any time.
+  ``use_pool(pool)`` (every thread's allocations, autograd's backward thread included)
+  or ``torch.cuda.use_mem_pool(pool)`` (the calling thread's only). PyTorch's caching
+  allocator keeps managing blocks inside those segments, so its statistics keep
+  working, and it can be used any time.
 
 Also ``stats()`` (memcast's statistics, a dict), ``step()`` (an iteration boundary),
 ``empty_cache()``, ``offload(blocks, budget)`` (train a larger batch than fits: keep,
@@ -21,6 +23,7 @@ The library ``libmemcast_torch.so`` is found at ``$MEMCAST_TORCH_LIB``, else bes
 file, else in the repository's ``target/release`` or ``target/debug``.
 """
 
+import contextlib
 import ctypes
 import json
 import os
@@ -33,6 +36,7 @@ __all__ = [
     "install",
     "installed",
     "pool",
+    "use_pool",
     "stats",
     "step",
     "empty_cache",
@@ -233,11 +237,43 @@ def install(conf=None):
 
 def pool():
     """A ``torch.cuda.MemPool`` whose segments come from memcast (use with
-    ``torch.cuda.use_mem_pool``). Keep the pool alive while its tensors are."""
+    ``use_pool``, or ``torch.cuda.use_mem_pool`` for the calling thread only). Keep the
+    pool alive while its tensors are."""
+    return _new_pool()
+
+
+def _new_pool():
     import torch
 
     _load()
     return torch.cuda.MemPool(_custom_allocator())
+
+
+@contextlib.contextmanager
+def use_pool(pool=None, device=None, all_threads=True):
+    """Routes the allocations on ``device`` (default: the current one) to ``pool``
+    (default: a new ``pool()``) while the block runs; yields the pool.
+
+    ``all_threads=True`` routes every thread's allocations on the device, autograd's
+    backward thread included: ``torch.cuda.use_mem_pool`` routes only the calling
+    thread's, so a training step under it allocates its backward from PyTorch's native
+    pool beside memcast's. ``all_threads=False`` is ``torch.cuda.use_mem_pool``. Keep
+    the pool alive while its tensors are."""
+    import torch
+
+    if pool is None:
+        pool = _new_pool()
+    d = _device(device)
+    if all_threads:
+        # The filter of this entry point accepts every stream of every thread.
+        torch._C._cuda_beginAllocateToPool(d, pool.id)
+    else:
+        torch._C._cuda_beginAllocateCurrentThreadToPool(d, pool.id)
+    try:
+        yield pool
+    finally:
+        torch._C._cuda_endAllocateToPool(d, pool.id)
+        torch._C._cuda_releasePool(d, pool.id)
 
 
 def stats(device=None):

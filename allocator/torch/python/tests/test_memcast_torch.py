@@ -20,13 +20,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PKG = os.path.dirname(HERE)
 
 
-def run(code, timeout=300, env=None):
-    """Runs `code` in a fresh interpreter; returns the JSON it prints last."""
+def run(code, timeout=300, env=None, args=()):
+    """Runs `code` in a fresh interpreter (`args` its sys.argv[1:]); returns the JSON it
+    prints last."""
     e = dict(os.environ)
     e["PYTHONPATH"] = PKG + os.pathsep + e.get("PYTHONPATH", "")
     e.update(env or {})
     p = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", textwrap.dedent(code), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -100,6 +101,38 @@ def test_pool_gives_pytorch_segments_from_memcast():
     assert r["ok"]
     assert r["allocs"] >= 1 and r["reserved"] >= 32 << 20
     assert r["torch_reserved"] >= r["reserved"]
+
+
+POOL_TRAINING = """
+    import json, sys, torch, memcast_torch as mt
+    all_threads = sys.argv[1] == "all"
+    torch.manual_seed(0)
+    p = mt.pool()
+    ctx = mt.use_pool(p) if all_threads else torch.cuda.use_mem_pool(p)
+    with ctx:
+        m = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 1024)).cuda()
+        x = torch.randn(512, 1024, device="cuda")
+        for _ in range(3):
+            m(x).square().mean().backward()   # backward allocates on autograd's thread
+        torch.cuda.synchronize()
+        loss = float(m(x).square().mean().item())
+    segs = torch.cuda.memory._snapshot()["segments"]
+    outside = sum(s["total_size"] for s in segs if tuple(s["segment_pool_id"]) != tuple(p.id))
+    print(json.dumps({"outside": outside, "loss": loss,
+                      "memcast_reserved": mt.stats()["reserved"]["current"]}))
+"""
+
+
+def test_use_pool_routes_autograds_backward_thread_to_memcast_too():
+    every = run(POOL_TRAINING, args=["all"])
+    thread = run(POOL_TRAINING, args=["thread"])
+    # use_pool(): every segment of the process is memcast's, backward's included.
+    assert every["outside"] == 0, every
+    assert every["memcast_reserved"] > 0
+    # torch.cuda.use_mem_pool(): backward's allocations took native segments.
+    assert thread["outside"] > 0, thread
+    assert every["loss"] == thread["loss"]
 
 
 def test_out_of_memory_in_a_pool_raises_pytorchs_error_and_the_process_goes_on():
