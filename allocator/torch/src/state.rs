@@ -9,7 +9,9 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
 
 use memcast_alloc::backend::cuda::CudaBackend;
 use memcast_alloc::backend::{DeviceBackend, DevicePtr, StreamId, StreamPriority};
@@ -59,6 +61,37 @@ pub struct Device {
     pub ordinal: i32,
     pub alloc: SharedAllocator<CudaBackend>,
     book: Mutex<Book>,
+    /// Time the calling threads spent in `malloc` and `free` (nanoseconds, from entry
+    /// to return, locks included) and the calls: the allocator's cost on the thread
+    /// that launches the work (two `Instant::now()` and two relaxed adds per call,
+    /// ~50 ns).
+    host: HostTime,
+}
+
+/// Calls and the nanoseconds spent in them, per entry point.
+#[derive(Debug, Default)]
+struct HostTime {
+    malloc_ns: AtomicU64,
+    mallocs: AtomicU64,
+    free_ns: AtomicU64,
+    frees: AtomicU64,
+}
+
+impl HostTime {
+    fn add(&self, ns: &AtomicU64, calls: &AtomicU64, since: Instant) {
+        let t = since.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        ns.fetch_add(t, Relaxed);
+        calls.fetch_add(1, Relaxed);
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "malloc_ns": self.malloc_ns.load(Relaxed),
+            "mallocs": self.mallocs.load(Relaxed),
+            "free_ns": self.free_ns.load(Relaxed),
+            "frees": self.frees.load(Relaxed),
+        })
+    }
 }
 
 static DEVICES: [OnceLock<Device>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
@@ -136,6 +169,7 @@ pub fn device(device: i32) -> Result<&'static Device, TorchError> {
         ordinal: device,
         alloc: SharedAllocator::new(a),
         book: Mutex::new(Book::default()),
+        host: HostTime::default(),
     });
     s.get()
         .ok_or_else(|| TorchError::Invalid("device initialization raced".into()))
@@ -168,6 +202,13 @@ impl Device {
     }
 
     pub fn malloc(&self, size: u64, raw_stream: usize) -> Result<u64, TorchError> {
+        let t = Instant::now();
+        let r = self.malloc_timed(size, raw_stream);
+        self.host.add(&self.host.malloc_ns, &self.host.mallocs, t);
+        r
+    }
+
+    fn malloc_timed(&self, size: u64, raw_stream: usize) -> Result<u64, TorchError> {
         // PyTorch may ask for 0 bytes: a 1-byte block gives it a unique valid pointer.
         let bytes = size.max(1);
         let (ptr, stream) = {
@@ -196,6 +237,13 @@ impl Device {
     }
 
     pub fn free(&self, ptr: u64, raw_stream: usize) -> Result<(), TorchError> {
+        let t = Instant::now();
+        let r = self.free_timed(ptr, raw_stream);
+        self.host.add(&self.host.free_ns, &self.host.frees, t);
+        r
+    }
+
+    fn free_timed(&self, ptr: u64, raw_stream: usize) -> Result<(), TorchError> {
         {
             let mut b = self.book();
             if let Some((bytes, _, id)) = b.live.remove(&ptr) {
@@ -294,6 +342,7 @@ impl Device {
                 "device_calls": calls,
                 "predictive": cfg.predictive,
                 "placement": placement,
+                "host_time": self.host.json(),
                 "config": cfg,
             });
             if let Some(e) = extra.as_object() {
