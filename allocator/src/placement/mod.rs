@@ -108,7 +108,9 @@ pub struct PlacementStats {
     /// Boundaries where no plan was made because the iteration that ended differed
     /// from the one before it.
     pub not_repeating: u64,
-    /// Plans computed, and plans kept (no higher than the iteration they came from).
+    /// Plans computed, and plans that went on to serve: those computed and kept (no
+    /// higher than the iteration they came from), plus a profile's hand-over of its
+    /// last iteration's plan when the profile ends (so `plans_kept` can exceed `plans`).
     pub plans: u64,
     pub plans_kept: u64,
     /// The highest end offset of the last plan kept (bytes of its segment).
