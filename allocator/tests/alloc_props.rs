@@ -12,6 +12,9 @@ use memcast_alloc::policy::Advice;
 use memcast_alloc::{AllocError, Allocation, Allocator};
 use proptest::prelude::*;
 
+mod common;
+use common::stamp;
+
 #[derive(Debug, Clone)]
 enum Op {
     Alloc { bytes: u64, stream: u32 },
@@ -55,13 +58,6 @@ fn config() -> impl Strategy<Value = AllocConfig> {
             ..AllocConfig::default()
         }
     })
-}
-
-fn stamp(a: &Allocation) -> Vec<u8> {
-    let n = a.size.min(32) as usize;
-    (0..n)
-        .map(|i| (a.ptr.0 as usize).wrapping_mul(31).wrapping_add(i) as u8)
-        .collect()
 }
 
 fn write_stamps(al: &mut Allocator<HostBackend>, a: &Allocation) {

@@ -13,7 +13,8 @@ use memcast_alloc::{AllocConfig, AllocError, Allocation, Allocator};
 use memcast_trace::{Event, EventKind, Trace};
 use proptest::prelude::*;
 
-const MIB: u64 = 1 << 20;
+mod common;
+use common::{stamp, MIB};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -60,13 +61,6 @@ fn trace_of(ops: &[Op]) -> Trace {
         });
     }
     t
-}
-
-fn stamp(a: &Allocation) -> Vec<u8> {
-    let n = a.size.min(32) as usize;
-    (0..n)
-        .map(|i| (a.ptr.0 as usize).wrapping_mul(31).wrapping_add(i) as u8)
-        .collect()
 }
 
 /// Runs `ops` on a planned allocator over real host memory of `cap` bytes; every

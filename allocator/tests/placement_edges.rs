@@ -16,7 +16,8 @@ use memcast_trace::{Event, EventKind, Trace};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
-const MIB: u64 = 1 << 20;
+mod common;
+use common::{stamp, MIB};
 
 #[derive(Debug, Clone, Copy)]
 enum Ev {
@@ -224,13 +225,6 @@ fn config() -> impl Strategy<Value = AllocConfig> {
             ..AllocConfig::default()
         },
     )
-}
-
-fn stamp(a: &Allocation) -> Vec<u8> {
-    let n = a.size.min(32) as usize;
-    (0..n)
-        .map(|i| (a.ptr.0 as usize).wrapping_mul(31).wrapping_add(i) as u8)
-        .collect()
 }
 
 fn trace_of_ops(ops: &[Op]) -> Trace {

@@ -22,7 +22,8 @@ use memcast_trace::features::{
 };
 use proptest::prelude::*;
 
-const MIB: u64 = 1 << 20;
+mod common;
+use common::{stamp, MIB};
 
 /// Forecasters that lie in every way a broken model or a broken thread could.
 #[derive(Debug, Clone, Copy)]
@@ -115,13 +116,6 @@ fn liar() -> impl Strategy<Value = Liar> {
         Just(Liar::Stale),
         Just(Liar::Slow),
     ]
-}
-
-fn stamp(a: &Allocation) -> Vec<u8> {
-    let n = a.size.min(32) as usize;
-    (0..n)
-        .map(|i| (a.ptr.0 as usize).wrapping_mul(31).wrapping_add(i) as u8)
-        .collect()
 }
 
 type Dev = Limit<HostBackend>;
