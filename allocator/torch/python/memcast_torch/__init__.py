@@ -135,11 +135,17 @@ def _check(rc, what):
 
 
 def _device(device):
+    """The CUDA device index of ``device``: None (the current device), an int, a
+    ``torch.device`` or a string such as ``"cuda:1"`` (as ``torch.cuda`` takes them)."""
     import torch
 
     if device is None:
         return torch.cuda.current_device()
+    if isinstance(device, str):
+        device = torch.device(device)
     if isinstance(device, torch.device):
+        if device.type != "cuda":
+            raise ValueError(f"memcast manages CUDA devices, not {device}")
         return device.index if device.index is not None else torch.cuda.current_device()
     return int(device)
 
