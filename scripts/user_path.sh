@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A new user's path with memcast and PyTorch, end to end, each step's command printed
-# before it runs (docs/cuda.md, "The user's path"):
+# before it runs (docs/cuda.md, "A new user's path, end to end"):
 #
 #   1. build the library and the CLI (in a checkout with cargo; a staged copy from
 #      scripts/stage-gpu.sh has them already);

@@ -357,3 +357,24 @@ impl Device {
 pub fn live_of(device: i32) -> Result<HashMap<u64, (u64, u32, u64)>, TorchError> {
     Ok(existing(device)?.book().live.clone())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn host_time_counts_calls_and_the_time_in_them_per_entry_point() {
+        let h = HostTime::default();
+        let t = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        h.add(&h.malloc_ns, &h.mallocs, t);
+        h.add(&h.malloc_ns, &h.mallocs, Instant::now());
+        h.add(&h.free_ns, &h.frees, Instant::now());
+        let j = h.json();
+        assert_eq!(j["mallocs"], 2);
+        assert_eq!(j["frees"], 1);
+        assert!(j["malloc_ns"].as_u64().unwrap() >= 2_000_000, "{j}");
+        assert!(j["free_ns"].as_u64().unwrap() < 1_000_000_000, "{j}");
+    }
+}

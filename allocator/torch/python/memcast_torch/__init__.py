@@ -135,11 +135,17 @@ def _check(rc, what):
 
 
 def _device(device):
+    """The CUDA device index of ``device``: None (the current device), an int, a
+    ``torch.device`` or a string such as ``"cuda:1"`` (as ``torch.cuda`` takes them)."""
     import torch
 
     if device is None:
         return torch.cuda.current_device()
+    if isinstance(device, str):
+        device = torch.device(device)
     if isinstance(device, torch.device):
+        if device.type != "cuda":
+            raise ValueError(f"memcast manages CUDA devices, not {device}")
         return device.index if device.index is not None else torch.cuda.current_device()
     return int(device)
 
@@ -258,7 +264,14 @@ def use_pool(pool=None, device=None, all_threads=True):
     backward thread included: ``torch.cuda.use_mem_pool`` routes only the calling
     thread's, so a training step under it allocates its backward from PyTorch's native
     pool beside memcast's. ``all_threads=False`` is ``torch.cuda.use_mem_pool``. Keep
-    the pool alive while its tensors are."""
+    the pool alive while its tensors are.
+
+    PyTorch serves an allocation from the first pool begun whose filter takes it, and
+    ``all_threads=True`` takes every allocation on the device: a
+    ``torch.cuda.use_mem_pool`` or a CUDA graph capture (``torch.cuda.graph``,
+    ``torch.compile``'s CUDA graphs) begun inside the block allocates from this pool,
+    not from its own, and so does a nested ``use_pool`` of another pool. Nesting
+    ``use_pool`` of the same pool raises PyTorch's "already recording" error."""
     import torch
 
     if pool is None:

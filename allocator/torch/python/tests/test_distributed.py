@@ -185,7 +185,8 @@ def same_training(native, ours, world, steps):
     assert len(native) == len(ours) == world
     for a, b in zip(native, ours):
         assert a["rank"] == b["rank"]
-        assert len(b["losses"]) == steps
+        assert len(a["losses"]) == len(b["losses"]) == steps
+        assert len(a["weights"]) == len(b["weights"]) > 0
         for x, y in zip(a["losses"], b["losses"]):
             assert abs(x - y) <= 1e-6 * abs(x), (a["losses"], b["losses"])
         for x, y in zip(a["weights"], b["weights"]):
