@@ -11,6 +11,7 @@ import base64
 import hashlib
 import io
 import os
+import sysconfig
 import tarfile
 import zipfile
 
@@ -19,6 +20,8 @@ PACKAGE = "memcast_torch"
 VERSION = "0.1.0"
 HERE = os.path.dirname(os.path.abspath(__file__))
 DIST_INFO = f"{PACKAGE}-{VERSION}.dist-info"
+# Pure Python: any platform. A wheel that carries a `libmemcast_torch.so` is tagged
+# with the building machine's platform instead (`_tag`).
 TAG = "py3-none-any"
 
 METADATA = f"""Metadata-Version: 2.1
@@ -28,10 +31,23 @@ Summary: memcast as PyTorch's CUDA allocator (CUDAPluggableAllocator / MemPool)
 Requires-Python: >=3.9
 """
 
-WHEEL = f"""Wheel-Version: 1.0
+
+
+def _tag(files):
+    """The wheel's tag and whether it is pure Python: a shared library in `files` makes
+    it this platform's (`py3-none-linux_x86_64`, ...), not `py3-none-any`."""
+    if any(path.endswith(".so") for path, _ in files):
+        plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+        return f"py3-none-{plat}", False
+    return TAG, True
+
+
+def _wheel_text(files):
+    tag, pure = _tag(files)
+    return f"""Wheel-Version: 1.0
 Generator: memcast_build
-Root-Is-Purelib: true
-Tag: {TAG}
+Root-Is-Purelib: {"true" if pure else "false"}
+Tag: {tag}
 """
 
 
@@ -49,7 +65,7 @@ def _package_files():
 def _write_dist_info(directory):
     d = os.path.join(directory, DIST_INFO)
     os.makedirs(d, exist_ok=True)
-    for name, text in (("METADATA", METADATA), ("WHEEL", WHEEL)):
+    for name, text in (("METADATA", METADATA), ("WHEEL", _wheel_text(_package_files()))):
         with open(os.path.join(d, name), "w", encoding="utf-8") as f:
             f.write(text)
     return DIST_INFO
@@ -58,16 +74,17 @@ def _write_dist_info(directory):
 def _wheel(directory, files):
     """Writes a wheel of `files` ((path, bytes) pairs) plus its dist-info; returns its
     file name."""
+    tag, _ = _tag(files)
     files = list(files) + [
         (f"{DIST_INFO}/METADATA", METADATA.encode()),
-        (f"{DIST_INFO}/WHEEL", WHEEL.encode()),
+        (f"{DIST_INFO}/WHEEL", _wheel_text(files).encode()),
     ]
     record = []
     for path, data in files:
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         record.append(f"{path},sha256={digest},{len(data)}")
     record.append(f"{DIST_INFO}/RECORD,,")
-    name = f"{PACKAGE}-{VERSION}-{TAG}.whl"
+    name = f"{PACKAGE}-{VERSION}-{tag}.whl"
     with zipfile.ZipFile(os.path.join(directory, name), "w", zipfile.ZIP_DEFLATED) as z:
         for path, data in files:
             z.writestr(path, data)

@@ -63,8 +63,9 @@ pub struct Device {
     book: Mutex<Book>,
     /// Time the calling threads spent in `malloc` and `free` (nanoseconds, from entry
     /// to return, locks included) and the calls: the allocator's cost on the thread
-    /// that launches the work (two `Instant::now()` and two relaxed adds per call,
-    /// ~50 ns).
+    /// that launches the work (two `Instant::now()` and two relaxed adds per call;
+    /// not measured apart: a whole best-fit call, timing included, took 0.40-0.53 us
+    /// on the H200).
     host: HostTime,
 }
 

@@ -99,8 +99,20 @@ def test_a_library_beside_init_goes_into_the_wheel(tmp_path):
     backend = load_backend(src)
     out = tmp_path / "out"
     out.mkdir()
-    files = record_matches(out / backend.build_wheel(str(out)))
+    name = backend.build_wheel(str(out))
+    files = record_matches(out / name)
     assert files["memcast_torch/libmemcast_torch.so"] == b"\x7fELF not really"
+    # A wheel with a shared library is this platform's, not pure Python.
+    assert not name.endswith("-py3-none-any.whl"), name
+    wheel = files[f"{backend.DIST_INFO}/WHEEL"].decode()
+    assert "Root-Is-Purelib: false" in wheel and "Tag: py3-none-any" not in wheel, wheel
+
+
+def test_a_wheel_without_a_library_is_pure_python(tmp_path):
+    name = memcast_build.build_wheel(str(tmp_path))
+    assert name.endswith("-py3-none-any.whl"), name
+    files = record_matches(tmp_path / name)
+    assert "Root-Is-Purelib: true" in files[f"{memcast_build.DIST_INFO}/WHEEL"].decode()
 
 
 def test_the_editable_wheel_puts_the_source_directory_on_the_path(tmp_path):
