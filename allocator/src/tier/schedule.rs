@@ -25,16 +25,34 @@
 //! order of need, each chosen tensor is planned back at the first position from which
 //! it fits under the cap until its access, at the latest at its window's end (one
 //! that fits from the window's start was made redundant by later choices and is
-//! dropped). Each copy is timed alone: queued behind others on the link it ends
-//! later, which the plan does not model; what it does not cover is left to the
+//! dropped). By default each copy is timed alone: queued behind others on the link it
+//! ends later, which the plan does not model; what it does not cover is left to the
 //! reactive machinery (see [`super::floor::peak_floor`] for what no policy avoids).
+//!
+//! Link occupancy ([`LinkModel::occupancy`], `TierConfig::plan_occupancy`; off by
+//! default): the link has one direction for spills and one for prefetches (as the sim
+//! and the transfer streams have them), each a timeline of the copies the plan has
+//! placed ([`super::occupancy`]). A candidate gap's copy out takes the first idle span
+//! of the out direction after its last use, its copy in the last idle span of the in
+//! direction that ends by its access, and its window is what lies between: a gap
+//! whose copies the link cannot carry in time covers fewer positions or none, and a
+//! chosen gap's copies are placed for the gaps chosen after it. The cover then leaves
+//! excess the link cannot relieve to the reactive machinery instead of planning
+//! copies that land late. Measured (docs/predictive.md, "under a budget"): fewer
+//! late prefetches and spilled bytes on the bundled traces, more spills on the
+//! out-of-memory path, no better mean stall on the corpus's validation split; hence
+//! off.
 //!
 //! Cost: O(G log G + (k + u) G + k log^2 n) for `G` gaps, `k` chosen, `u` positions
 //! no gap covers and `n` operations, once per iteration at its boundary, and once more
 //! at the fourth allocation of an iteration whose shape the planner recognizes
-//! (`planned.rs`).
+//! (`planned.rs`). With occupancy, each candidate that covers the position looked at
+//! also costs two timeline queries (O(log k + h), `h` holes too short on the way) and
+//! each choice an insertion (O(k)): about 5x the planning time of the replays of
+//! docs/predictive.md (the validation split: 52 s against 9 s).
 
 use super::handle::TensorKey;
+use super::occupancy::Timeline;
 
 /// Marks a position no gap can cover, during the greedy cover.
 const BLOCKED: i64 = i64::MIN / 4;
@@ -78,6 +96,11 @@ pub struct LinkModel {
     pub in_bytes_per_us: f64,
     /// Fixed cost of one copy, us.
     pub latency_us: f64,
+    /// Model the link's occupancy while choosing gaps: each chosen gap's copies are
+    /// placed on its direction's timeline ([`super::occupancy`]), and a gap's window
+    /// is what the link leaves it given the copies placed before (off: each copy is
+    /// timed alone).
+    pub occupancy: bool,
 }
 
 impl Default for LinkModel {
@@ -89,6 +112,7 @@ impl Default for LinkModel {
             out_bytes_per_us: each,
             in_bytes_per_us: each,
             latency_us: 2.0,
+            occupancy: false,
         }
     }
 }
@@ -103,6 +127,7 @@ impl LinkModel {
             out_bytes_per_us: best(&c.d2h_pinned),
             in_bytes_per_us: best(&c.h2d_pinned),
             latency_us: 0.0,
+            occupancy: false,
         }
     }
     fn out_us(&self, bytes: u64) -> f64 {
@@ -252,7 +277,10 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
     let per_byte = |i: usize| recompute_us(i).unwrap_or(0.0) / gaps[i].bytes.max(1) as f64;
     droppable.sort_by(|&x, &y| per_byte(x).total_cmp(&per_byte(y)).then(x.cmp(&y)));
     let mut is_drop = vec![false; gaps.len()];
-    // Greedy cover with each gap's own window.
+    // Greedy cover: each gap's own window, or with `occupancy` the window the link
+    // leaves it beside the copies already placed (at most its own).
+    let mut win = own.clone();
+    let (mut out_link, mut in_link) = (Timeline::new(), Timeline::new());
     let mut tree = MaxTree::new(&excess0);
     let mut blocked = Vec::new();
     loop {
@@ -261,14 +289,30 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
             break;
         }
         let covers = |w: Option<(usize, usize)>| w.is_some_and(|(lo, hi)| lo <= p && p <= hi);
-        let pick = hidden
-            .iter()
-            .find(|&&i| !is_chosen[i] && covers(own[i]) && free_of(&chosen, &gaps, i));
+        let pick = hidden.iter().find_map(|&i| {
+            if is_chosen[i] || !covers(own[i]) || !free_of(&chosen, &gaps, i) {
+                return None;
+            }
+            if !link.occupancy {
+                return Some((i, own[i]?, None));
+            }
+            let g = &gaps[i];
+            let (d_out, d_in) = (link.out_us(g.bytes), link.in_us(g.bytes));
+            let out_end = out_link.earliest_end(time(g.a), d_out);
+            let in_start = in_link.latest_start(time(g.b), d_in);
+            let w = window(g, out_end, in_start)?;
+            covers(Some(w)).then_some((i, w, Some((out_end, d_out, in_start, d_in))))
+        });
         match pick {
-            Some(&i) => {
+            Some((i, w, placed)) => {
                 is_chosen[i] = true;
                 chosen.push(i);
-                let (lo, hi) = own[i].unwrap();
+                win[i] = Some(w);
+                if let Some((out_end, d_out, in_start, d_in)) = placed {
+                    out_link.reserve(out_end - d_out, out_end);
+                    in_link.reserve(in_start, in_start + d_in);
+                }
+                let (lo, hi) = w;
                 tree.add(lo, hi, -(gaps[i].bytes as i64));
             }
             None => {
@@ -307,7 +351,7 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
             back[c] = gaps[c].b;
             return true;
         }
-        let (lo, hi) = own[c].expect("chosen gaps have a window");
+        let (lo, hi) = win[c].expect("chosen gaps have a window");
         let bytes = gaps[c].bytes as i64;
         let fits = |q: usize, tree: &MaxTree| q > hi || tree.query(q, hi) + bytes <= 0;
         // At the latest from the window's end: later, its copy could not land before
@@ -534,6 +578,7 @@ mod tests {
             out_bytes_per_us: rate,
             in_bytes_per_us: rate,
             latency_us: 0.0,
+            occupancy: false,
         }
     }
     fn op(key: TensorKey, bytes: u64, kind: OpUse, t: f64) -> LoggedOp {
@@ -653,6 +698,34 @@ mod tests {
             !p.moves.is_empty() && p.moves.iter().all(|m| !m.drop),
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn with_occupancy_copies_queue_on_the_link_and_the_plan_says_what_it_cannot_cover() {
+        // 8 x 1 MB allocated 10 us apart, copies of 25 us: spilled back to back, the
+        // third one ends at 85 us, after the peak (80 us).
+        let s = 1_000_000;
+        let t = fwd_bwd(8, s);
+        let alone = link_at(s as f64 / 25.0);
+        let p = plan(&t, 5 * s, alone);
+        assert_eq!(p.residual_excess, 0, "{p:?}");
+        let queued = LinkModel {
+            occupancy: true,
+            ..alone
+        };
+        let q = plan(&t, 5 * s, queued);
+        assert_eq!(q.residual_excess, s, "{q:?}");
+        // What it chose fits the link: the spills end 25 us apart at the earliest.
+        let mut ends: Vec<f64> = q.moves.iter().map(|m| t.ops[m.spill_after].t).collect();
+        ends.sort_by(f64::total_cmp);
+        let mut free = 0.0f64;
+        for a in ends {
+            free = free.max(a) + 25.0;
+        }
+        assert!(free <= t.span_us, "{q:?}");
+        for m in &q.moves {
+            assert!(m.spill_after < m.prefetch_at && m.prefetch_at < m.needed_at);
+        }
     }
 
     #[test]
