@@ -3,8 +3,9 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET]`
-//! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`).
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy]`
+//! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
+//! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`).
 
 use memcast_alloc::config::Actions;
 use memcast_alloc::replay::ReplayForecaster;
@@ -20,6 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(2)
         .unwrap_or_else(|| "60%".into())
         .parse()?;
+    let occupancy = std::env::args().nth(3).as_deref() == Some("occupancy");
     let corpus = Corpus::load(std::path::Path::new("training-data/corpus/manifest.tsv"))?;
     let plan = Actions {
         plan: true,
@@ -55,15 +57,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut cells = Vec::new();
         let mut floor = 0.0;
         for (i, (_, arena, p)) in rows.iter().enumerate() {
-            let r = replay_budgeted(
-                &t,
-                &TierReplayOptions {
-                    budget,
-                    arena: *arena,
-                    predictive: *p,
-                    ..Default::default()
-                },
-            )?;
+            let mut opts = TierReplayOptions {
+                budget,
+                arena: *arena,
+                predictive: *p,
+                ..Default::default()
+            };
+            opts.tier.plan_occupancy = occupancy;
+            let r = replay_budgeted(&t, &opts)?;
             floor = r.peak_floor_overhead;
             sums[i + 1] += r.stall_overhead;
             cells.push(if r.completed {

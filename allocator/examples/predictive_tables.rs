@@ -5,8 +5,9 @@
 //! (the traces with producers and recompute costs) with and without recomputation,
 //! after the synthetic BERT and MobileNet presets the default was chosen on.
 //!
-//! `cargo run --release -p memcast-alloc --example predictive_tables [nobudget|budget|ablation|recompute] [BUDGET]`
-//! (`BUDGET`: a share of each trace's peak, default `60%`).
+//! `cargo run --release -p memcast-alloc --example predictive_tables [nobudget|budget|ablation|recompute] [BUDGET] [occupancy]`
+//! (`BUDGET`: a share of each trace's peak, default `60%`; `occupancy`: the `budget`
+//! table with plans that model the link's occupancy, `TierConfig::plan_occupancy`).
 
 use memcast_alloc::config::Actions;
 use memcast_alloc::replay::{replay, Policy, ReplayForecaster, ReplayOptions, ReplayReport};
@@ -61,14 +62,13 @@ fn budgeted(
     budget: Budget,
     p: Option<(ReplayForecaster, Actions)>,
 ) -> Result<TierReport, Box<dyn std::error::Error>> {
-    Ok(replay_budgeted(
-        t,
-        &TierReplayOptions {
-            budget,
-            predictive: p,
-            ..Default::default()
-        },
-    )?)
+    let mut opts = TierReplayOptions {
+        budget,
+        predictive: p,
+        ..Default::default()
+    };
+    opts.tier.plan_occupancy = std::env::args().nth(3).as_deref() == Some("occupancy");
+    Ok(replay_budgeted(t, &opts)?)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -319,6 +319,7 @@ mod tests {
             out_bytes_per_us: mb as f64 / 20.0,
             in_bytes_per_us: mb as f64 / 20.0,
             latency_us: 0.0,
+            occupancy: false,
         };
         let (before, after) = peak_floor(&traj, 2 * mb, link);
         assert!((before - 10.0).abs() < 1e-9, "{before}");

@@ -26,6 +26,9 @@
 //! - [`manager`]: [`TierManager`], the mechanism tying these together
 //!   (`register` / `access` / `spill` / `prefetch` / `free`), with watermark and
 //!   out-of-memory handling in `pressure`;
+//! - [`schedule`]: the iteration plan (which tensors leave, when, and come back), with
+//!   [`occupancy`] the link's timelines it may model; [`planned`] carries plans out;
+//!   [`floor`] the peak floor no policy that moves tensors goes below;
 //! - [`predictive`]: the demand forecast, spills ahead of a forecast peak, victims by
 //!   predicted next use;
 //! - [`recompute`]: dropping a tensor whose producer is known instead of spilling it,
@@ -40,6 +43,7 @@ pub mod access;
 pub mod floor;
 pub mod handle;
 pub mod manager;
+pub mod occupancy;
 pub mod planned;
 pub mod predictive;
 pub mod prefetch;
@@ -94,6 +98,10 @@ pub struct TierConfig {
     /// time is below the link time the spill is expected not to hide
     /// ([`recompute`]); off by default.
     pub recompute: bool,
+    /// Iteration plans model the link's occupancy while choosing gaps
+    /// ([`schedule::LinkModel::occupancy`]); off by default: not better on the
+    /// corpus's validation split (docs/predictive.md).
+    pub plan_occupancy: bool,
 }
 
 impl Default for TierConfig {
@@ -108,6 +116,7 @@ impl Default for TierConfig {
             lru_k: 2,
             protect_upcoming: false,
             recompute: false,
+            plan_occupancy: false,
         }
     }
 }

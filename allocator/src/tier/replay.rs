@@ -369,6 +369,7 @@ fn run<B: DeviceBackend>(
         if actions.plan {
             let mut p = Planner::new(cfg.low_watermark, None);
             p.drops = actions.recompute;
+            p.link.occupancy = cfg.plan_occupancy;
             m.set_planner(p);
         }
     }

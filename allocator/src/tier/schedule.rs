@@ -25,16 +25,34 @@
 //! order of need, each chosen tensor is planned back at the first position from which
 //! it fits under the cap until its access, at the latest at its window's end (one
 //! that fits from the window's start was made redundant by later choices and is
-//! dropped). Each copy is timed alone: queued behind others on the link it ends
-//! later, which the plan does not model; what it does not cover is left to the
+//! dropped). By default each copy is timed alone: queued behind others on the link it
+//! ends later, which the plan does not model; what it does not cover is left to the
 //! reactive machinery (see [`super::floor::peak_floor`] for what no policy avoids).
+//!
+//! Link occupancy ([`LinkModel::occupancy`], `TierConfig::plan_occupancy`; off by
+//! default): the link has one direction for spills and one for prefetches (as the sim
+//! and the transfer streams have them), each a timeline of the copies the plan has
+//! placed ([`super::occupancy`]). A candidate gap's copy out takes the first idle span
+//! of the out direction after its last use, its copy in the last idle span of the in
+//! direction that ends by its access, and its window is what lies between: a gap
+//! whose copies the link cannot carry in time covers fewer positions or none, and a
+//! chosen gap's copies are placed for the gaps chosen after it. The cover then leaves
+//! excess the link cannot relieve to the reactive machinery instead of planning
+//! copies that land late. Measured (docs/predictive.md, "under a budget"): fewer
+//! late prefetches and spilled bytes on the bundled traces, more spills on the
+//! out-of-memory path, no better mean stall on the corpus's validation split; hence
+//! off.
 //!
 //! Cost: O(G log G + (k + u) G + k log^2 n) for `G` gaps, `k` chosen, `u` positions
 //! no gap covers and `n` operations, once per iteration at its boundary, and once more
 //! at the fourth allocation of an iteration whose shape the planner recognizes
-//! (`planned.rs`).
+//! (`planned.rs`). With occupancy, each candidate that covers the position looked at
+//! also costs two timeline queries (O(log k + h), `h` holes too short on the way) and
+//! each choice an insertion (O(k)): about 5x the planning time of the replays of
+//! docs/predictive.md (the validation split: 52 s against 9 s).
 
 use super::handle::TensorKey;
+use super::occupancy::Timeline;
 
 /// Marks a position no gap can cover, during the greedy cover.
 const BLOCKED: i64 = i64::MIN / 4;
@@ -78,6 +96,11 @@ pub struct LinkModel {
     pub in_bytes_per_us: f64,
     /// Fixed cost of one copy, us.
     pub latency_us: f64,
+    /// Model the link's occupancy while choosing gaps: each chosen gap's copies are
+    /// placed on its direction's timeline ([`super::occupancy`]), and a gap's window
+    /// is what the link leaves it given the copies placed before (off: each copy is
+    /// timed alone).
+    pub occupancy: bool,
 }
 
 impl Default for LinkModel {
@@ -89,6 +112,7 @@ impl Default for LinkModel {
             out_bytes_per_us: each,
             in_bytes_per_us: each,
             latency_us: 2.0,
+            occupancy: false,
         }
     }
 }
@@ -103,6 +127,7 @@ impl LinkModel {
             out_bytes_per_us: best(&c.d2h_pinned),
             in_bytes_per_us: best(&c.h2d_pinned),
             latency_us: 0.0,
+            occupancy: false,
         }
     }
     fn out_us(&self, bytes: u64) -> f64 {
@@ -252,7 +277,10 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
     let per_byte = |i: usize| recompute_us(i).unwrap_or(0.0) / gaps[i].bytes.max(1) as f64;
     droppable.sort_by(|&x, &y| per_byte(x).total_cmp(&per_byte(y)).then(x.cmp(&y)));
     let mut is_drop = vec![false; gaps.len()];
-    // Greedy cover with each gap's own window.
+    // Greedy cover: each gap's own window, or with `occupancy` the window the link
+    // leaves it beside the copies already placed (at most its own).
+    let mut win = own.clone();
+    let (mut out_link, mut in_link) = (Timeline::new(), Timeline::new());
     let mut tree = MaxTree::new(&excess0);
     let mut blocked = Vec::new();
     loop {
@@ -261,14 +289,30 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
             break;
         }
         let covers = |w: Option<(usize, usize)>| w.is_some_and(|(lo, hi)| lo <= p && p <= hi);
-        let pick = hidden
-            .iter()
-            .find(|&&i| !is_chosen[i] && covers(own[i]) && free_of(&chosen, &gaps, i));
+        let pick = hidden.iter().find_map(|&i| {
+            if is_chosen[i] || !covers(own[i]) || !free_of(&chosen, &gaps, i) {
+                return None;
+            }
+            if !link.occupancy {
+                return Some((i, own[i]?, None));
+            }
+            let g = &gaps[i];
+            let (d_out, d_in) = (link.out_us(g.bytes), link.in_us(g.bytes));
+            let out_end = out_link.earliest_end(time(g.a), d_out);
+            let in_start = in_link.latest_start(time(g.b), d_in);
+            let w = window(g, out_end, in_start)?;
+            covers(Some(w)).then_some((i, w, Some((out_end, d_out, in_start, d_in))))
+        });
         match pick {
-            Some(&i) => {
+            Some((i, w, placed)) => {
                 is_chosen[i] = true;
                 chosen.push(i);
-                let (lo, hi) = own[i].unwrap();
+                win[i] = Some(w);
+                if let Some((out_end, d_out, in_start, d_in)) = placed {
+                    out_link.reserve(out_end - d_out, out_end);
+                    in_link.reserve(in_start, in_start + d_in);
+                }
+                let (lo, hi) = w;
                 tree.add(lo, hi, -(gaps[i].bytes as i64));
             }
             None => {
@@ -307,7 +351,7 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
             back[c] = gaps[c].b;
             return true;
         }
-        let (lo, hi) = own[c].expect("chosen gaps have a window");
+        let (lo, hi) = win[c].expect("chosen gaps have a window");
         let bytes = gaps[c].bytes as i64;
         let fits = |q: usize, tree: &MaxTree| q > hi || tree.query(q, hi) + bytes <= 0;
         // At the latest from the window's end: later, its copy could not land before
@@ -522,185 +566,5 @@ impl MaxTree {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn k(n: u32) -> TensorKey {
-        TensorKey::Ordinal(n)
-    }
-    /// A link of `rate` bytes per microsecond each way, no fixed cost.
-    fn link_at(rate: f64) -> LinkModel {
-        LinkModel {
-            out_bytes_per_us: rate,
-            in_bytes_per_us: rate,
-            latency_us: 0.0,
-        }
-    }
-    fn op(key: TensorKey, bytes: u64, kind: OpUse, t: f64) -> LoggedOp {
-        LoggedOp {
-            key,
-            bytes,
-            kind,
-            t,
-        }
-    }
-
-    /// A forward of `layers` activations of `s` bytes each, 10 us apart, then a
-    /// backward reading and freeing them in reverse, 20 us apart.
-    fn fwd_bwd(layers: u32, s: u64) -> Trajectory {
-        let mut ops = Vec::new();
-        let mut t = 0.0;
-        for i in 0..layers {
-            t += 10.0;
-            ops.push(op(k(i), s, OpUse::Alloc, t));
-        }
-        for i in (0..layers).rev() {
-            t += 20.0;
-            ops.push(op(k(i), s, OpUse::Access, t));
-            ops.push(op(k(i), s, OpUse::Free, t));
-        }
-        Trajectory {
-            ops,
-            base: 0,
-            span_us: t,
-            ..Default::default()
-        }
-    }
-
-    /// The resident bytes of `traj` after each operation under `plan`, if every copy
-    /// took exactly its own time: spilled from `spill_after + 1` to `prefetch_at - 1`.
-    fn resident(traj: &Trajectory, plan: &Plan) -> Vec<u64> {
-        let mut out = Vec::new();
-        let mut l = traj.base as i128;
-        for (p, o) in traj.ops.iter().enumerate() {
-            match o.kind {
-                OpUse::Alloc => l += o.bytes as i128,
-                OpUse::Free => l -= o.bytes as i128,
-                OpUse::Access => {}
-            }
-            let off: i128 = plan
-                .moves
-                .iter()
-                .filter(|m| m.spill_after < p && p < m.prefetch_at)
-                .map(|m| m.bytes as i128)
-                .sum();
-            out.push((l - off) as u64);
-        }
-        out
-    }
-
-    #[test]
-    fn nothing_moves_when_the_trajectory_fits() {
-        let t = fwd_bwd(8, 100);
-        let p = plan(&t, 800, LinkModel::default());
-        assert!(p.moves.is_empty());
-        assert_eq!(p.peak, 800);
-        assert_eq!(p.residual_excess, 0);
-    }
-
-    #[test]
-    fn the_earliest_activations_leave_first_and_the_plan_fits_the_cap() {
-        // 8 x 1 MB; cap 5 MB: at least 3 must leave, and the first ones created (read
-        // last) have the longest gaps.
-        let s = 1_000_000;
-        let t = fwd_bwd(8, s);
-        let link = link_at(1e6);
-        let p = plan(&t, 5 * s, link);
-        assert_eq!(p.residual_excess, 0, "{p:?}");
-        let keys: Vec<TensorKey> = p.moves.iter().map(|m| m.key).collect();
-        assert_eq!(keys, vec![k(0), k(1), k(2)], "{p:?}");
-        assert!(resident(&t, &p).iter().all(|&r| r <= 5 * s));
-        for m in &p.moves {
-            assert!(m.spill_after < m.prefetch_at && m.prefetch_at < m.needed_at);
-        }
-    }
-
-    #[test]
-    fn a_link_too_slow_for_any_gap_moves_nothing_and_says_what_is_left() {
-        let s = 1_000_000;
-        let t = fwd_bwd(8, s);
-        // 1 byte/us: no copy of 1 MB fits in any gap.
-        let link = link_at(1.0);
-        let p = plan(&t, 5 * s, link);
-        assert!(p.moves.is_empty(), "{p:?}");
-        assert_eq!(p.residual_excess, 3 * s);
-    }
-
-    #[test]
-    fn gaps_too_short_for_copies_drop_tensors_whose_recompute_is_cheap() {
-        let s = 1_000_000;
-        let mut t = fwd_bwd(8, s);
-        let link = link_at(1.0);
-        // Recompute costs of 5 us (cheap against 2 s of copies), except one that costs
-        // more than its copies would leave unhidden.
-        for i in 0..8 {
-            t.recompute_us.insert(k(i), 5.0);
-        }
-        t.recompute_us.insert(k(1), 1e9);
-        let p = plan(&t, 5 * s, link);
-        assert_eq!(p.residual_excess, 0, "{p:?}");
-        assert!(!p.moves.is_empty() && p.moves.iter().all(|m| m.drop));
-        assert!(p.moves.iter().all(|m| m.key != k(1)));
-        for m in &p.moves {
-            // Off from just after its allocation until its access, where it is recomputed.
-            assert_eq!(m.prefetch_at, m.needed_at);
-            assert_eq!(t.ops[m.needed_at].kind, OpUse::Access);
-            assert_eq!(t.ops[m.needed_at].key, m.key);
-        }
-        // A link fast enough to hide the copies spills instead.
-        let p = plan(&t, 5 * s, link_at(1e6));
-        assert!(
-            !p.moves.is_empty() && p.moves.iter().all(|m| !m.drop),
-            "{p:?}"
-        );
-    }
-
-    #[test]
-    fn a_persistent_tensor_wraps_the_boundary() {
-        // A parameter read at the start, then a peak of activations: the parameter's
-        // gap wraps into the next iteration and is the longest.
-        let pk = TensorKey::Persistent(crate::tier::TensorHandle { index: 7, gen: 0 });
-        let s = 1_000_000;
-        let mut ops = vec![op(pk, 4 * s, OpUse::Access, 0.0)];
-        let mut tt = 0.0;
-        for i in 0..4 {
-            tt += 100.0;
-            ops.push(op(k(i), s, OpUse::Alloc, tt));
-        }
-        for i in (0..4).rev() {
-            tt += 100.0;
-            ops.push(op(k(i), s, OpUse::Access, tt));
-            ops.push(op(k(i), s, OpUse::Free, tt));
-        }
-        let t = Trajectory {
-            ops,
-            base: 4 * s,
-            span_us: tt + 100.0,
-            ..Default::default()
-        };
-        let link = link_at(1e6);
-        let p = plan(&t, 6 * s, link);
-        assert_eq!(p.residual_excess, 0, "{p:?}");
-        let m = p
-            .moves
-            .iter()
-            .find(|m| m.key == pk)
-            .expect("parameter moves");
-        assert!(m.wraps);
-        assert_eq!(m.spill_after, 0);
-        assert_eq!(m.needed_at, 0);
-        assert!(m.prefetch_at < t.ops.len());
-    }
-
-    #[test]
-    fn the_tree_finds_the_maximum_after_range_adds() {
-        let mut t = MaxTree::new(&[1, 5, 3, 2, 4]);
-        assert_eq!(t.max(), (1, 5));
-        t.add(0, 2, -10);
-        assert_eq!(t.max(), (4, 4));
-        t.add(2, 3, 20);
-        assert_eq!(t.max(), (3, 22));
-        t.add(3, 3, -100);
-        assert_eq!(t.max(), (2, 13));
-    }
-}
+#[path = "schedule_tests.rs"]
+mod tests;

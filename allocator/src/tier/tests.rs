@@ -231,8 +231,10 @@ fn run_program_with(
         )),
     }
     if let Some(p) = m.planner.as_deref_mut() {
-        // Plans with drops (of the recomputable tensors) too.
+        // Plans with drops (of the recomputable tensors) too, and half of them with
+        // the link's occupancy modelled.
         p.drops = true;
+        p.link.occupancy = seed & 2 != 0;
     }
     let produced = std::sync::Arc::new(std::sync::Mutex::new(Produced::default()));
     m.set_producer(Box::new(TestProducer(produced.clone())));
