@@ -14,25 +14,10 @@ use memcast_trace::{Event, EventKind, Trace};
 use proptest::prelude::*;
 
 mod common;
-use common::{stamp, MIB};
-
-#[derive(Debug, Clone)]
-enum Op {
-    Alloc { bytes: u64 },
-    Free { pick: usize },
-    Boundary,
-}
+use common::{stamp, Op, MIB};
 
 fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        6 => prop_oneof![
-            2 => 1u64..(64 << 10),
-            4 => (64u64 << 10)..(4 * MIB),
-            2 => (4 * MIB)..(16 * MIB),
-        ].prop_map(|bytes| Op::Alloc { bytes }),
-        4 => any::<usize>().prop_map(|pick| Op::Free { pick }),
-        1 => Just(Op::Boundary),
-    ]
+    common::op(2, 4, 16 * MIB)
 }
 
 /// The trace of `ops` (what a recording of that program holds).

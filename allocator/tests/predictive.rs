@@ -23,7 +23,7 @@ use memcast_trace::features::{
 use proptest::prelude::*;
 
 mod common;
-use common::{stamp, MIB};
+use common::{stamp, Op, MIB};
 
 /// Forecasters that lie in every way a broken model or a broken thread could.
 #[derive(Debug, Clone, Copy)]
@@ -88,23 +88,8 @@ impl Forecaster for Adversary {
     }
 }
 
-#[derive(Debug, Clone)]
-enum Op {
-    Alloc { bytes: u64 },
-    Free { pick: usize },
-    Boundary,
-}
-
 fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        6 => prop_oneof![
-            3 => 1u64..(64 << 10),
-            3 => (64u64 << 10)..(4 * MIB),
-            2 => (4 * MIB)..(24 * MIB),
-        ].prop_map(|bytes| Op::Alloc { bytes }),
-        4 => any::<usize>().prop_map(|pick| Op::Free { pick }),
-        1 => Just(Op::Boundary),
-    ]
+    common::op(3, 3, 24 * MIB)
 }
 
 fn liar() -> impl Strategy<Value = Liar> {
