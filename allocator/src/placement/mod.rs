@@ -40,6 +40,7 @@
 //!
 //! [`Allocator::iteration_boundary`]: crate::Allocator::iteration_boundary
 
+mod live;
 mod profile;
 mod serve;
 pub mod solve;
@@ -156,11 +157,10 @@ struct StreamPlan {
     profile: Option<Profile>,
     items: Vec<Item>,
     // Invariant: one entry per live large run of the stream (record id -> run).
-    live: FxMap<u32, Live>,
-    // Invariant: by_off = {(l.off, id) : (id, l) in live, l in the growable segment}.
-    /// The live runs of the growable segment by offset: the run left of a planned
-    /// offset starts the search for the free block there (`Extents::containing_from`).
-    by_off: std::collections::BTreeMap<u64, u32>,
+    /// The live runs, also by offset in the growable segment: the run left of a
+    /// planned offset starts the search for the free block there
+    /// (`Extents::containing_from`).
+    live: live::LiveRuns,
     /// Keys of runs allocated in the previous iteration and freed in this one, with the
     /// clock of their free: when a run of that key allocated now will be freed.
     wrap: FxMap<Key, u32>,
@@ -223,7 +223,7 @@ impl StreamPlan {
 
 /// An order-independent hash of the live runs of segment `seg`: (key, offset, length)
 /// of each.
-fn layout(live: &FxMap<u32, Live>, seg: u32) -> u64 {
+fn layout(live: &live::LiveRuns, seg: u32) -> u64 {
     live.values()
         .filter(|l| l.seg == seg)
         .map(|l| {
@@ -364,7 +364,6 @@ impl Placement {
         });
         if growable {
             p.used_high = p.used_high.max(off + len);
-            p.by_off.insert(off, id);
         }
         p.sig = mix(p.sig, key, 1);
         let item = (p.items.len() - 1) as u32;
@@ -386,12 +385,9 @@ impl Placement {
     /// placement started).
     pub(crate) fn freed(&mut self, stream: u32, id: u32) {
         let p = self.stream(stream);
-        let Some(l) = p.live.remove(&id) else {
+        let Some(l) = p.live.remove(id) else {
             return;
         };
-        if l.growable {
-            p.by_off.remove(&l.off);
-        }
         let now = p.clock;
         p.clock += 1;
         p.sig = mix(p.sig, l.key, 2 + (l.iteration != p.iteration) as u64);
@@ -500,10 +496,10 @@ impl Placement {
     }
 
     /// The live run of `stream`'s growable segment that starts nearest at or below
-    /// `off` (its record id). O(log runs).
+    /// `off` (its record id). O(runs in two 2 MiB buckets).
     pub(crate) fn left_of(&self, stream: u32, off: u64) -> Option<u32> {
         let p = self.streams.get(stream as usize)?;
-        p.by_off.range(..=off).next_back().map(|(_, &id)| id)
+        p.live.left_of(off)
     }
 
     /// The logged live runs overlapping `target`'s range (diagnostics).
@@ -547,7 +543,7 @@ impl Placement {
             let Some(p) = self.streams.get(s as usize) else {
                 continue;
             };
-            if let Some(l) = p.live.get(&id) {
+            if let Some(l) = p.live.get(id) {
                 if (l.seg, l.off, l.len) != (seg, off, len) {
                     return Err(format!(
                         "placement log: run {id} at seg {} off {} len {}, allocator says seg {seg} off {off} len {len}",
@@ -558,17 +554,7 @@ impl Placement {
             }
         }
         for p in &self.streams {
-            let g = p.live.values().filter(|l| l.growable).count();
-            let agree = p
-                .by_off
-                .iter()
-                .all(|(off, id)| p.live.get(id).is_some_and(|l| l.growable && l.off == *off));
-            if g != p.by_off.len() || !agree {
-                return Err(format!(
-                    "placement log: {} runs by offset, {g} live in the growable segment",
-                    p.by_off.len()
-                ));
-            }
+            p.live.check()?;
         }
         let logged: usize = self.streams.iter().map(|p| p.live.len()).sum();
         if seen != logged {
