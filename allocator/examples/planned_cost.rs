@@ -184,10 +184,11 @@ fn replay(ops: &[Op], slots: usize, profile: Option<&Trace>) -> (f64, f64, Strin
     let per = |s: f64| s * 1e9 / calls as f64;
     let hits = a.placement_stats().map_or(String::new(), |p| {
         format!(
-            " (profile hits {}, plan hits {}, misses {})",
+            " (profile hits {}, plan hits {}, misses {}, plans {})",
             p.profile_hits,
             p.planned_hits,
-            p.profile_misses + p.planned_misses + p.unplanned
+            p.profile_misses + p.planned_misses + p.unplanned,
+            p.plans
         )
     });
     (

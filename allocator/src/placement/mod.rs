@@ -33,19 +33,31 @@
 //! wav2vec2's dynamic-length trace reserves 18.8% above its peak instead of 10.2%).
 //!
 //! Costs (planned mode only; reactive allocators pay one untaken branch per large
-//! allocation and per run freed): per large allocation two hash lookups (ordinal,
-//! plan) and, with a planned offset, a walk of the segment's blocks to the offset
-//! (`Extents::containing`); per run freed one hash removal; the plan at a boundary
-//! when needed (see [`solve`]).
+//! allocation and per run freed): per large allocation, while the iteration repeats
+//! the previous one (or the recording), the key and the planned offset read at its
+//! position (`keys`: vector reads and a compare; at the first length that differs,
+//! the ordinal map is rebuilt once and a hash entry and lookup follow); with a planned
+//! offset, the live run left of it (`live`: O(1), 2 MiB bucket lists) and a walk of
+//! the segment's blocks from there to the offset (`Extents::containing_from`); the log
+//! (a vector push, a slot insert). Per run freed, a slot removal and a bucket unlink
+//! (O(1)); no freed run is cached under a plan, so each one coalesces in the
+//! placement index (best fit's cache hits skip that): the part of the gap to best fit
+//! that remains. The plan at a boundary when needed (see [`solve`]). Measured on the
+//! sim (`examples/planned_cost`, best fit and the trace as its own profile alternated,
+//! best of the reps, ns per allocation or free), GPT-2's recording and 20 repeats of
+//! its last iteration: 31 against 91 ns with a hash map and a B-tree of live runs and
+//! hash-map keys, 31 against 55 ns now; ResNet-50 and BERT alike (docs/allocator.md).
 //!
 //! [`Allocator::iteration_boundary`]: crate::Allocator::iteration_boundary
 
+mod keys;
 mod live;
 mod profile;
 mod serve;
 pub mod solve;
 
-use profile::{Keys, Profile};
+use keys::{IterKeys, KeyedPlan};
+use profile::Profile;
 
 use crate::config::AllocConfig;
 use crate::error::AllocError;
@@ -152,7 +164,7 @@ struct StreamPlan {
     clock: u32,
     iteration: u64,
     /// Keys since the boundary.
-    keys: Keys,
+    keys: IterKeys,
     /// The plan of a whole recorded run, while it serves.
     profile: Option<Profile>,
     items: Vec<Item>,
@@ -165,7 +177,7 @@ struct StreamPlan {
     /// clock of their free: when a run of that key allocated now will be freed.
     wrap: FxMap<Key, u32>,
     /// The plan of this iteration: key -> offset in segment `seg`.
-    plan: FxMap<Key, u64>,
+    plan: KeyedPlan,
     seg: u32,
     high: u64,
     /// Misses this iteration (a new plan is computed at the boundary if any).
@@ -294,8 +306,8 @@ impl Placement {
         }
         let target = p
             .plan
-            .get(&key)
-            .map(|&off| Target::Plan { seg: p.seg, off });
+            .get(p.items.len(), &key)
+            .map(|off| Target::Plan { seg: p.seg, off });
         if target.is_none() {
             self.stats.unplanned += 1;
             p.abandoned = true;
@@ -515,7 +527,7 @@ impl Placement {
             .values()
             .filter(|l| seg.is_none_or(|s| s == l.seg) && l.off < off + len && off < l.off + l.len)
             .map(|l| {
-                let planned = p.plan.get(&l.key);
+                let planned = p.plan.get(usize::MAX, &l.key);
                 let item = (l.iteration == p.iteration).then(|| p.items[l.item as usize]);
                 format!(
                     "key {:?} at {} len {} it {} planned {:?} alloc {:?} clock {}",
@@ -634,8 +646,7 @@ fn plan(p: &mut StreamPlan, seg: u32, end: u32, stats: &mut PlacementStats) {
     p.planned_layout = layout(&p.live, seg);
     p.rejected = (high > seen).then_some((p.planned_layout, p.last_sig));
     if high <= seen {
-        p.plan
-            .extend(p.items.iter().zip(offs).map(|(i, o)| (i.key, o)));
+        p.plan = KeyedPlan::from_pairs(p.items.iter().zip(offs).map(|(i, o)| (i.key, o)));
         p.seg = seg;
         p.high = high;
         stats.plans_kept += 1;
