@@ -33,18 +33,31 @@
 //! wav2vec2's dynamic-length trace reserves 18.8% above its peak instead of 10.2%).
 //!
 //! Costs (planned mode only; reactive allocators pay one untaken branch per large
-//! allocation and per run freed): per large allocation two hash lookups (ordinal,
-//! plan) and, with a planned offset, a walk of the segment's blocks to the offset
-//! (`Extents::containing`); per run freed one hash removal; the plan at a boundary
-//! when needed (see [`solve`]).
+//! allocation and per run freed): per large allocation, while the iteration repeats
+//! the previous one (or the recording), the key and the planned offset read at its
+//! position (`keys`: vector reads and a compare; at the first length that differs,
+//! the ordinal map is rebuilt once and a hash entry and lookup follow); with a planned
+//! offset, the live run left of it (`live`: O(1), 2 MiB bucket lists) and a walk of
+//! the segment's blocks from there to the offset (`Extents::containing_from`); the log
+//! (a vector push, a slot insert). Per run freed, a slot removal and a bucket unlink
+//! (O(1)); no freed run is cached under a plan, so each one coalesces in the
+//! placement index (best fit's cache hits skip that): the part of the gap to best fit
+//! that remains. The plan at a boundary when needed (see [`solve`]). Measured on the
+//! sim (`examples/planned_cost`, best fit and the trace as its own profile alternated,
+//! best of the reps, ns per allocation or free), GPT-2's recording and 20 repeats of
+//! its last iteration: 31 against 91 ns with a hash map and a B-tree of live runs and
+//! hash-map keys, 31 against 55 ns now; ResNet-50 and BERT alike (docs/allocator.md).
 //!
 //! [`Allocator::iteration_boundary`]: crate::Allocator::iteration_boundary
 
+mod keys;
+mod live;
 mod profile;
 mod serve;
 pub mod solve;
 
-use profile::{Keys, Profile};
+use keys::{IterKeys, KeyedPlan};
+use profile::Profile;
 
 use crate::config::AllocConfig;
 use crate::error::AllocError;
@@ -153,21 +166,20 @@ struct StreamPlan {
     clock: u32,
     iteration: u64,
     /// Keys since the boundary.
-    keys: Keys,
+    keys: IterKeys,
     /// The plan of a whole recorded run, while it serves.
     profile: Option<Profile>,
     items: Vec<Item>,
     // Invariant: one entry per live large run of the stream (record id -> run).
-    live: FxMap<u32, Live>,
-    // Invariant: by_off = {(l.off, id) : (id, l) in live, l in the growable segment}.
-    /// The live runs of the growable segment by offset: the run left of a planned
-    /// offset starts the search for the free block there (`Extents::containing_from`).
-    by_off: std::collections::BTreeMap<u64, u32>,
+    /// The live runs, also by offset in the growable segment: the run left of a
+    /// planned offset starts the search for the free block there
+    /// (`Extents::containing_from`).
+    live: live::LiveRuns,
     /// Keys of runs allocated in the previous iteration and freed in this one, with the
     /// clock of their free: when a run of that key allocated now will be freed.
     wrap: FxMap<Key, u32>,
     /// The plan of this iteration: key -> offset in segment `seg`.
-    plan: FxMap<Key, u64>,
+    plan: KeyedPlan,
     seg: u32,
     high: u64,
     /// Misses this iteration (a new plan is computed at the boundary if any).
@@ -225,7 +237,7 @@ impl StreamPlan {
 
 /// An order-independent hash of the live runs of segment `seg`: (key, offset, length)
 /// of each.
-fn layout(live: &FxMap<u32, Live>, seg: u32) -> u64 {
+fn layout(live: &live::LiveRuns, seg: u32) -> u64 {
     live.values()
         .filter(|l| l.seg == seg)
         .map(|l| {
@@ -296,8 +308,8 @@ impl Placement {
         }
         let target = p
             .plan
-            .get(&key)
-            .map(|&off| Target::Plan { seg: p.seg, off });
+            .get(p.items.len(), &key)
+            .map(|off| Target::Plan { seg: p.seg, off });
         if target.is_none() {
             self.stats.unplanned += 1;
             p.abandoned = true;
@@ -366,7 +378,6 @@ impl Placement {
         });
         if growable {
             p.used_high = p.used_high.max(off + len);
-            p.by_off.insert(off, id);
         }
         p.sig = mix(p.sig, key, 1);
         let item = (p.items.len() - 1) as u32;
@@ -388,12 +399,9 @@ impl Placement {
     /// placement started).
     pub(crate) fn freed(&mut self, stream: u32, id: u32) {
         let p = self.stream(stream);
-        let Some(l) = p.live.remove(&id) else {
+        let Some(l) = p.live.remove(id) else {
             return;
         };
-        if l.growable {
-            p.by_off.remove(&l.off);
-        }
         let now = p.clock;
         p.clock += 1;
         p.sig = mix(p.sig, l.key, 2 + (l.iteration != p.iteration) as u64);
@@ -502,10 +510,10 @@ impl Placement {
     }
 
     /// The live run of `stream`'s growable segment that starts nearest at or below
-    /// `off` (its record id). O(log runs).
+    /// `off` (its record id). O(runs in two 2 MiB buckets).
     pub(crate) fn left_of(&self, stream: u32, off: u64) -> Option<u32> {
         let p = self.streams.get(stream as usize)?;
-        p.by_off.range(..=off).next_back().map(|(_, &id)| id)
+        p.live.left_of(off)
     }
 
     /// The logged live runs overlapping `target`'s range (diagnostics).
@@ -521,7 +529,7 @@ impl Placement {
             .values()
             .filter(|l| seg.is_none_or(|s| s == l.seg) && l.off < off + len && off < l.off + l.len)
             .map(|l| {
-                let planned = p.plan.get(&l.key);
+                let planned = p.plan.get(usize::MAX, &l.key);
                 let item = (l.iteration == p.iteration).then(|| p.items[l.item as usize]);
                 format!(
                     "key {:?} at {} len {} it {} planned {:?} alloc {:?} clock {}",
@@ -549,7 +557,7 @@ impl Placement {
             let Some(p) = self.streams.get(s as usize) else {
                 continue;
             };
-            if let Some(l) = p.live.get(&id) {
+            if let Some(l) = p.live.get(id) {
                 if (l.seg, l.off, l.len) != (seg, off, len) {
                     return Err(format!(
                         "placement log: run {id} at seg {} off {} len {}, allocator says seg {seg} off {off} len {len}",
@@ -560,17 +568,7 @@ impl Placement {
             }
         }
         for p in &self.streams {
-            let g = p.live.values().filter(|l| l.growable).count();
-            let agree = p
-                .by_off
-                .iter()
-                .all(|(off, id)| p.live.get(id).is_some_and(|l| l.growable && l.off == *off));
-            if g != p.by_off.len() || !agree {
-                return Err(format!(
-                    "placement log: {} runs by offset, {g} live in the growable segment",
-                    p.by_off.len()
-                ));
-            }
+            p.live.check()?;
         }
         let logged: usize = self.streams.iter().map(|p| p.live.len()).sum();
         if seen != logged {
@@ -650,8 +648,7 @@ fn plan(p: &mut StreamPlan, seg: u32, end: u32, stats: &mut PlacementStats) {
     p.planned_layout = layout(&p.live, seg);
     p.rejected = (high > seen).then_some((p.planned_layout, p.last_sig));
     if high <= seen {
-        p.plan
-            .extend(p.items.iter().zip(offs).map(|(i, o)| (i.key, o)));
+        p.plan = KeyedPlan::from_pairs(p.items.iter().zip(offs).map(|(i, o)| (i.key, o)));
         p.seg = seg;
         p.high = high;
         stats.plans_kept += 1;

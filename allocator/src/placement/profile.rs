@@ -16,43 +16,28 @@
 
 use memcast_trace::{EventKind, Trace};
 
+use super::keys::{KeyedPlan, Keys};
 use super::solve::{self, Want};
 use super::Key;
 use crate::fxmap::FxMap;
 
-/// Key generation for one stream, from its start or from a boundary.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Keys {
-    ordinal: FxMap<(u64, u64), u32>,
-    prev: [u64; 2],
-}
-
-impl Keys {
-    /// The key of the next large allocation of `len`.
-    #[inline]
-    pub(crate) fn next(&mut self, len: u64) -> Key {
-        let ctx = self.prev[0].wrapping_mul(crate::fxmap::K) ^ self.prev[1].rotate_left(29);
-        self.prev = [len, self.prev[0]];
-        let n = self.ordinal.entry((len, ctx)).or_insert(0);
-        let key = (len, ctx, *n);
-        *n += 1;
-        key
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.ordinal.clear();
-        self.prev = [0, 0];
-    }
-}
-
 /// One stream's plan of a whole recording.
 #[derive(Debug, Default)]
 pub(crate) struct Profile {
+    /// The recording's large allocations in order: (length, planned offset). While
+    /// this run's lengths are the recording's, the next one's offset is read here
+    /// (its key would be the recording's key at the same position); at the first
+    /// length that differs, `keys` and `plan` are built and serve from then on.
+    seq: Vec<(u64, u64)>,
+    pos: usize,
+    // Invariant: follows, or keys holds the counts of this run's lengths so far and
+    // plan = {the recording's key at i -> seq[i].1}.
+    follows: bool,
     keys: Keys,
     plan: FxMap<Key, u64>,
     /// The last recorded iteration's offsets by per-iteration key: the plan of every
     /// iteration after the recording (empty when it had fewer than two boundaries).
-    pub(crate) periodic: FxMap<Key, u64>,
+    pub(crate) periodic: KeyedPlan,
     pub(crate) high: u64,
     /// Large allocations of the recording not yet seen in this run.
     left: u64,
@@ -62,20 +47,45 @@ pub(crate) struct Profile {
 
 impl Profile {
     /// The planned offset of the next large allocation of `len` (advancing the keys);
-    /// `None` once the profile ended.
+    /// `None` once the profile ended. A vector read while this run follows the
+    /// recording, else a key and a hash lookup.
     #[inline]
     pub(crate) fn next(&mut self, len: u64) -> Option<u64> {
         if self.left == 0 {
             return None;
         }
         self.left -= 1;
-        let key = self.keys.next(len);
         self.lookups += 1;
+        if self.follows {
+            if let Some(&(l, off)) = self.seq.get(self.pos) {
+                if l == len {
+                    self.pos += 1;
+                    return Some(off);
+                }
+            }
+            self.diverge();
+        }
+        let key = self.keys.next(len);
         let off = self.plan.get(&key).copied();
         if off.is_none() {
             self.misses += 1;
         }
         off
+    }
+
+    /// This run stops following the recording: the keys of its lengths so far, and
+    /// the plan by key.
+    #[cold]
+    #[inline(never)]
+    fn diverge(&mut self) {
+        self.follows = false;
+        self.keys = Keys::after(self.seq[..self.pos].iter().map(|&(l, _)| l));
+        let mut rec = Keys::default();
+        self.plan = self
+            .seq
+            .iter()
+            .map(|&(l, off)| (rec.next(l), off))
+            .collect();
     }
 
     /// Large allocations of the recording not yet seen.
@@ -121,11 +131,9 @@ pub(crate) fn plan_trace(trace: &Trace, small_max: u64, min_block: u64) -> Vec<(
     // wants with their keys and iterations, and the clock at each boundary.
     #[derive(Default)]
     struct S {
-        keys: Keys,
         iter_keys: Keys,
         clock: u32,
         wants: Vec<Want>,
-        keyed: Vec<Key>,
         iter_keyed: Vec<Key>,
         iteration: Vec<u32>,
         boundaries: Vec<u32>,
@@ -150,10 +158,8 @@ pub(crate) fn plan_trace(trace: &Trace, small_max: u64, min_block: u64) -> Vec<(
         while (s.boundaries.len() as u32) < boundaries {
             s.boundaries.push(s.clock);
         }
-        let key = s.keys.next(len);
         let ikey = s.iter_keys.next(len);
         s.wants.push(Want::new(len, s.clock, u32::MAX));
-        s.keyed.push(key);
         s.iter_keyed.push(ikey);
         s.iteration.push(boundaries);
         s.clock += 1;
@@ -297,12 +303,13 @@ pub(crate) fn plan_trace(trace: &Trace, small_max: u64, min_block: u64) -> Vec<(
                 }
             }
             let periodic = if repeats && !unaliased {
-                (0..n)
-                    .filter(|&i| s.iteration[i] == b - 1)
-                    .map(|i| (s.iter_keyed[i], offs[i]))
-                    .collect()
+                KeyedPlan::from_pairs(
+                    (0..n)
+                        .filter(|&i| s.iteration[i] == b - 1)
+                        .map(|i| (s.iter_keyed[i], offs[i])),
+                )
             } else {
-                FxMap::default()
+                KeyedPlan::default()
             };
             let left = if periodic.is_empty() {
                 n as u64
@@ -310,8 +317,11 @@ pub(crate) fn plan_trace(trace: &Trace, small_max: u64, min_block: u64) -> Vec<(
                 (0..n).filter(|&i| s.iteration[i] < b).count() as u64
             };
             let profile = Profile {
+                seq: s.wants.iter().map(|w| w.len).zip(offs).collect(),
+                pos: 0,
+                follows: true,
                 keys: Keys::default(),
-                plan: s.keyed.iter().copied().zip(offs).collect(),
+                plan: FxMap::default(),
                 periodic,
                 high,
                 // With a periodic hand-over, the profile ends with its last complete
