@@ -26,6 +26,7 @@ use std::ops::Range;
 use memcast_trace::{EventKind, Trace};
 use serde::{Deserialize, Serialize};
 
+use crate::replay::workspace::{self, WorkspaceRule};
 use crate::replay::{ReplayError, ReplayTarget};
 
 /// Which iteration of the trace the modelled warm-up replays.
@@ -140,6 +141,9 @@ pub struct WarmupPlan {
     pub iteration: Range<usize>,
     /// The event index in `iteration` (or its end) before which `state` is allocated.
     pub step_at: usize,
+    /// cuBLAS workspaces ([`crate::replay::workspace`]): `(static block, event index)`, created
+    /// before that event of `iteration` (or at its end).
+    pub workspaces: Vec<(usize, usize)>,
     /// Tensors per parameter: 1 when no optimizer state was recognised.
     pub copies: usize,
     /// The iteration choice replayed (`first` or `largest`; `auto` resolved).
@@ -154,6 +158,7 @@ impl WarmupPlan {
             "state_copies": self.copies,
             "static_blocks_first": self.before.len(),
             "state_blocks": self.state.len(),
+            "workspaces_at_event": self.workspaces.iter().map(|w| w.1).collect::<Vec<_>>(),
             "iteration_events": [self.iteration.start, self.iteration.end],
             "step_at_event": self.step_at,
         })
@@ -204,6 +209,17 @@ pub fn state_copies(trace: &Trace) -> usize {
 /// replaying the iteration `which` picks. `None` for [`Warmup::None`] and for traces
 /// without a whole iteration (fewer than two iteration boundaries).
 pub fn plan(trace: &Trace, which: Warmup, copies: usize, order: StaticOrder) -> Option<WarmupPlan> {
+    plan_with(trace, which, copies, order, WorkspaceRule::default())
+}
+
+/// [`plan`], with the cuBLAS workspaces read and placed by `workspaces`.
+pub fn plan_with(
+    trace: &Trace,
+    which: Warmup,
+    copies: usize,
+    order: StaticOrder,
+    workspaces: WorkspaceRule,
+) -> Option<WarmupPlan> {
     let bounds: Vec<usize> = trace
         .events
         .iter()
@@ -239,10 +255,17 @@ pub fn plan(trace: &Trace, which: Warmup, copies: usize, order: StaticOrder) -> 
     } else {
         copies
     };
-    let (before, state) = split_state(trace, copies, &creation_order(trace, order));
+    let mut order = creation_order(trace, order);
+    let ws = workspaces.pick(trace, &order, copies);
+    order.retain(|i| !ws.contains(i));
+    let (before, state) = split_state(trace, copies, &order);
+    let peak = peak_point(trace, iteration.clone());
+    let first_free = workspace::first_free(trace, iteration.clone());
+    let points = workspaces.points(ws.len(), iteration.start, first_free, peak);
     Some(WarmupPlan {
         before,
         state,
+        workspaces: ws.into_iter().zip(points).collect(),
         step_at: step_point(trace, iteration.clone()),
         iteration,
         copies,
@@ -321,6 +344,13 @@ fn demand(trace: &Trace, it: Range<usize>) -> (i128, Vec<i128>) {
     (curve.iter().copied().max().unwrap_or(0), curve)
 }
 
+/// The iteration's first event of most live demand (where forward ends and backward
+/// begins in a training step).
+pub fn peak_point(trace: &Trace, it: Range<usize>) -> usize {
+    let (peak, curve) = demand(trace, it.clone());
+    it.start + curve.iter().position(|&d| d == peak).unwrap_or(0)
+}
+
 /// Where a first `optimizer.step()` runs: after backward, when the iteration holds the
 /// least, before the trailing run of frees (`zero_grad` releasing the gradients).
 /// Formally: the first event index of minimum live demand between the iteration's
@@ -374,7 +404,15 @@ where
     alloc_static(t, ensure_stream, &plan.before, plan.iteration.start)?;
     // The warm-up's own tensors: id -> (allocation order, handle, stream).
     let mut held: HashMap<u64, (usize, T::Handle, u32)> = HashMap::new();
+    let workspaces_at = |index: usize| -> Vec<usize> {
+        plan.workspaces
+            .iter()
+            .filter(|w| w.1 == index)
+            .map(|w| w.0)
+            .collect()
+    };
     for index in plan.iteration.clone() {
+        alloc_static(t, ensure_stream, &workspaces_at(index), index)?;
         if index == plan.step_at {
             alloc_static(t, ensure_stream, &plan.state, index)?;
         }
@@ -393,6 +431,13 @@ where
             EventKind::Access { .. } | EventKind::IterationBoundary => {}
         }
     }
+    let late: Vec<usize> = plan
+        .workspaces
+        .iter()
+        .filter(|w| w.1 >= plan.iteration.end)
+        .map(|w| w.0)
+        .collect();
+    alloc_static(t, ensure_stream, &late, plan.iteration.end)?;
     if plan.step_at >= plan.iteration.end {
         alloc_static(t, ensure_stream, &plan.state, plan.iteration.end)?;
     }
