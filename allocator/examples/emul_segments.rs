@@ -19,6 +19,16 @@ use memcast_trace::EventKind;
 use std::cell::RefCell;
 use std::rc::Rc;
 
+/// `println!` that stops quietly when stdout is closed (`| head`).
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        if writeln!(std::io::stdout(), $($t)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
 const MIB: f64 = (1u64 << 20) as f64;
 
 /// `(iteration, bytes)` of each new segment, and the reserved bytes at the first
@@ -62,7 +72,7 @@ impl ReplayTarget for Logged {
                     })
                     .map(|s| format!("{:.0}", s.size as f64 / MIB))
                     .collect();
-                println!(
+                out!(
                     "  it {} alloc {:.1} MiB; reserved {:.0}; segments holding a block of this size: {}",
                     self.iteration,
                     bytes as f64 / MIB,
@@ -112,7 +122,7 @@ impl ReplayTarget for Logged {
                         .iter()
                         .map(|&(b, a)| format!("{:.2}{}", b as f64 / MIB, if a { "*" } else { "" }))
                         .collect();
-                    println!(
+                    out!(
                         "  start segment {:>8.2} MiB: {}",
                         seg.size as f64 / MIB,
                         blocks.join(" ")
@@ -160,7 +170,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let start = start.unwrap_or(0);
     let sum = |v: &[(i64, u64)], it: i64| v.iter().filter(|s| s.0 == it).map(|s| s.1).sum::<u64>();
-    println!(
+    out!(
         "{}: emulation reserved at recording start {:.0} MiB, peak {:.0} MiB; segments obtained while recording: emulation {:.0} MiB ({}), source {:.0} MiB ({})",
         trace.meta.name,
         start as f64 / MIB,
@@ -189,7 +199,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             sizes.join(" ")
         };
-        println!(
+        out!(
             "  iteration {it:>3}: emulation {:>8.0} MiB [{}] | source {:>8.0} MiB [{}]",
             e as f64 / MIB,
             list(&log),
