@@ -25,6 +25,7 @@ pub mod pytorch;
 #[cfg(test)]
 mod pytorch_fidelity;
 pub mod warmup;
+pub mod workspace;
 
 use std::time::Instant;
 

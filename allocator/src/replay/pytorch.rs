@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{DeviceBackend, DevicePtr, StreamPriority};
 use crate::error::AllocError;
 use crate::replay::warmup::{self, StaticOrder, Warmup, WarmupPlan};
+use crate::replay::workspace::WorkspaceRule;
 use crate::replay::ReplayTarget;
 use memcast_trace::Trace;
 
@@ -63,6 +64,9 @@ pub struct PytorchConfig {
     /// The order in which the modelled process created the static blocks
     /// ([`warmup::StaticOrder`]; default `size-desc`, which uses no layout).
     pub static_order: StaticOrder,
+    /// Which static blocks are cuBLAS workspaces, created inside the warm-up
+    /// iteration rather than with the parameters ([`crate::replay::workspace`]).
+    pub workspaces: WorkspaceRule,
 }
 
 impl Default for PytorchConfig {
@@ -73,6 +77,7 @@ impl Default for PytorchConfig {
             warmup: Warmup::Auto,
             state_copies: 0,
             static_order: StaticOrder::default(),
+            workspaces: WorkspaceRule::default(),
         }
     }
 }
@@ -80,7 +85,13 @@ impl Default for PytorchConfig {
 impl PytorchConfig {
     /// The warm-up to replay before `trace`'s recording, if any.
     pub fn warmup_plan(&self, trace: &Trace) -> Option<WarmupPlan> {
-        warmup::plan(trace, self.warmup, self.state_copies, self.static_order)
+        warmup::plan_with(
+            trace,
+            self.warmup,
+            self.state_copies,
+            self.static_order,
+            self.workspaces,
+        )
     }
 }
 

@@ -141,3 +141,36 @@ fn the_warm_up_recognises_each_recorded_optimizer() {
         assert_eq!(r.extra["warmup"]["state_copies"], copies, "{name}");
     }
 }
+
+/// The cuBLAS workspaces made inside the warm-up iteration ([`crate::replay::workspace`])
+/// are what brings the corpus's bert_b16_s512 (a train-split trace, AdamW) within
+/// PyTorch's figure: with the workspaces allocated among the parameters it is 12.8%
+/// above PyTorch's peak reserved.
+#[test]
+fn workspaces_made_in_the_warm_up_bring_bert_b16_s512_within() {
+    use crate::replay::workspace::WorkspaceAt;
+    use memcast_trace::corpus::Corpus;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../training-data/corpus");
+    let corpus = Corpus::load(&root.join("manifest.tsv")).unwrap();
+    let name = "bert_b16_s512_bf16_adamw";
+    let torch = corpus
+        .figures(name, "pytorch-native")
+        .unwrap()
+        .peak_reserved;
+    let t =
+        memcast_trace::io::load_trace(&root.join("train").join(format!("{name}.mctrace"))).unwrap();
+    let error = |at| {
+        let mut pytorch = PytorchConfig::default();
+        pytorch.workspaces.at = at;
+        let opts = ReplayOptions {
+            policy: Policy::Pytorch,
+            pytorch,
+            ..Default::default()
+        };
+        replay(&t, &opts).unwrap().peak_reserved_bytes as f64 / torch as f64 - 1.0
+    };
+    let with = error(WorkspaceAt::default());
+    assert!(with.abs() < 0.01, "{name}: {:+.2}%", 100.0 * with);
+    let without = error(WorkspaceAt::Before);
+    assert!(without > 0.1, "{name} (before): {:+.2}%", 100.0 * without);
+}
