@@ -176,6 +176,9 @@ pub struct PlanRun {
     pub refused: u64,
     /// Prefetches that waited for their tensor's spill to complete.
     pub deferred: u64,
+    /// Accesses that found their tensor's spill still in flight: they waited for it and
+    /// for the copy back ([`before_access`]).
+    pub waited_spills: u64,
 }
 
 /// Carries out the directives due before trace event `event` (from `*pc` on), and the
@@ -238,6 +241,32 @@ pub(crate) fn run_due<B: DeviceBackend>(
             stats.refused += 1;
         }
     }
+    Ok(())
+}
+
+/// Before the replay accesses `h` under a plan: a tensor whose spill is still in
+/// flight is used from its host copy, as the engine does (its host-to-device copy waits
+/// for the spill's event, the compute stream for that copy): the replay waits for the
+/// spill, then fetches it back (the access waits for that copy). Without this the
+/// manager would cancel the spill and use the device copy at no cost, which the engine
+/// never does.
+pub(crate) fn before_access<B: DeviceBackend>(
+    m: &mut TierManager<B>,
+    h: TensorHandle,
+    deferred: &mut Vec<TensorHandle>,
+    stats: &mut PlanRun,
+) -> Result<(), TierError> {
+    m.poll()?;
+    let Place::SpillingOut { transfer, .. } = m.place(h)? else {
+        return Ok(());
+    };
+    stats.waited_spills += 1;
+    m.wait_for(transfer)?;
+    if let Some(k) = deferred.iter().position(|&x| x == h) {
+        deferred.swap_remove(k);
+        stats.issued += 1;
+    }
+    m.prefetch(h)?;
     Ok(())
 }
 

@@ -200,3 +200,32 @@ fn bad_plans_name_the_directive() {
     let e = replay_budgeted(&t, &opts).unwrap_err().to_string();
     assert!(e.contains("directive 0"), "{e}");
 }
+
+/// The engine's semantics of a use that comes while the tensor's spill is in flight:
+/// the use waits for the spill, then for the copy back (about 2 x 9.8 ms for A), where
+/// the manager alone would cancel the spill and use the device copy at no cost.
+#[test]
+fn a_use_during_the_spill_waits_for_it_and_the_copy_back() {
+    let (t, at) = job();
+    let opts = TierReplayOptions {
+        budget: Budget::Bytes(2 << 30),
+        plan: Some(Plan::new(vec![d(at[0][2], Action::Spill, 1)])),
+        check_every: 1,
+        ..Default::default()
+    };
+    let r = replay_budgeted(&t, &opts).unwrap();
+    assert!(r.completed, "{:?}", r.error);
+    let step: Vec<f64> = (r.compute_per_iteration_us.iter())
+        .zip(&r.stall_per_iteration_us)
+        .map(|(c, s)| c + s)
+        .collect();
+    let (slow, fast) = (2.0 + A as f64 / 54.6e3, 2.0 + A as f64 / 55.1e3);
+    assert!(
+        step[0] > 70_000.0 + 2.0 * fast && step[0] < 70_000.0 + 2.0 * slow + 50.0,
+        "{step:?}: the spill and the copy back should cost {:.0}-{:.0} us",
+        2.0 * fast,
+        2.0 * slow
+    );
+    assert!((step[1] - 70_000.0).abs() < 50.0, "{step:?}");
+    assert_eq!(r.plan.unwrap().waited_spills, 1);
+}

@@ -391,6 +391,10 @@ fn run<B: DeviceBackend>(
                 }
             }
             OpKind::Access { id, write } => match live.get(&id) {
+                Some(&h) if opts.plan.is_some() => {
+                    super::directives::before_access(&mut m, h, &mut deferred, &mut plan_run)
+                        .and_then(|_| m.access(h, write).map(|_| ()))
+                }
                 Some(&h) => m.access(h, write).map(|_| ()),
                 None if is_zero(trace, id) => Ok(()),
                 None => {

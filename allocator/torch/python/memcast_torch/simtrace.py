@@ -23,8 +23,9 @@ chose (per block mode, the prefetch issue points) into two JSON documents:
   iteration boundaries. Memory outside the blocks (a head's logits) is not in it.
 - the **plan** (``memcast-plan``): for a recomputed block, ``saved`` dropped when its
   forward ends; for an offloaded one, ``saved`` and ``in`` (block 0: only ``saved``)
-  spilled when its forward ends; for ``offload_input``, ``in`` spilled when the block
-  starts (block 0's belongs to the caller: not spilled); each spilled tensor
+  spilled when its forward ends; for ``offload_input`` (the first block of a segment: the
+  segment's input), ``in`` spilled when the block starts (block 0's belongs to the
+  caller: not spilled); each spilled tensor
   prefetched when backward reaches the block ``plan.issue_blocks`` chose for it, in the
   order backward needs them. A segment ``a..b`` whose input is offloaded reads ``a``'s
   ``in`` when backward reaches ``b`` (where the segment is recomputed).
@@ -113,7 +114,7 @@ def build(prof, modes, issue, base_bytes=0, head_s=0.0, tail_s=0.0, iterations=3
         inp[0] = w.alloc(prof[0].inp, "it%d.data" % it,
                          [op(0, "fwd"), op(0, "bwd")]) if prof[0].inp > 0 else None
         for i, p in enumerate(prof):
-            if modes[i] == P.OFFLOAD_INPUT and i > 0 and inp[i] is not None:
+            if i in ins and i > 0 and inp[i] is not None:
                 w.directive("spill", inp[i])
             rec = p.fwd if modes[i] in P.RECOMPUTED else None
             saved[i] = w.alloc(max(MIN_SAVED, p.saved - p.inp), op(i, "fwd"), [op(i, "bwd")],
