@@ -34,6 +34,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The staged layout (scripts/stage-gpu.sh DIR): the library and the CLI's shared
+# libraries beside this script.
+if not os.environ.get("MEMCAST_TORCH_LIB") and os.path.isfile(os.path.join(HERE, "libmemcast_torch.so")):
+    os.environ["MEMCAST_TORCH_LIB"] = os.path.join(HERE, "libmemcast_torch.so")
 for p in (os.path.join(HERE, "python"),
           os.path.join(HERE, "..", "allocator", "torch", "python")):
     if os.path.isdir(os.path.join(p, "memcast_torch")):
@@ -105,32 +109,43 @@ def one(model, out):
             step()
             torch.cuda.synchronize()
             ts.append(time.perf_counter() - t)
-        off.flush()
-        its = off.iterations()[-timed:]
-        tp = os.path.join(out, model + ".trace.json")
-        pp = os.path.join(out, model + ".plan.json")
-        info = off.write_trace(tp, pp, iterations=3)
+        row.update(report(off, ts, B.CAP, out, model))
+    except Exception as e:  # the line says what failed (no partial figures lost)
+        row["error"] = "%s: %s" % (type(e).__name__, str(e)[:500])
     finally:
         off.remove()
+    line = json.dumps(row)
+    print(line, flush=True)
+    with open(os.path.join(out, "oversub_replay.jsonl"), "a") as f:
+        f.write(line + "\n")
+
+
+def report(off, ts, budget, out, name):
+    """After the timed steps (wall times ``ts``) of ``off``: writes the trace and the
+    plan (OUT/NAME.trace.json, .plan.json), replays them and returns the figures."""
+    off.flush()
+    its = off.iterations()[-len(ts):]
+    tp = os.path.join(out, name + ".trace.json")
+    pp = os.path.join(out, name + ".plan.json")
+    info = off.write_trace(tp, pp, iterations=3)
     gpu = [i["gpu_step_s"] for i in its if i.get("gpu_step_s")]
-    row["measured"] = {"step_s": statistics.median(ts), "steps_s": ts,
-                       "gpu_step_s": statistics.median(gpu) if gpu else None,
-                       "head_s": [i.get("head_s") for i in its],
-                       "compute_wait_s": [i.get("compute_wait_s") for i in its],
-                       "host_wait_s": [i.get("host_wait_s") for i in its],
-                       "spilled_bytes": its[-1]["spilled_bytes"],
-                       "peak_allocated": max(i["peak_allocated"] for i in its)}
+    row = {"plans_in_timed_steps": len({tuple(i["modes"]) for i in its}),
+           "measured": {"step_s": statistics.median(ts), "steps_s": ts,
+                        "gpu_step_s": statistics.median(gpu) if gpu else None,
+                        "head_s": [i.get("head_s") for i in its],
+                        "compute_wait_s": [i.get("compute_wait_s") for i in its],
+                        "host_wait_s": [i.get("host_wait_s") for i in its],
+                        "spilled_bytes": its[-1]["spilled_bytes"],
+                        "peak_allocated": max(i["peak_allocated"] for i in its)}}
     row["planner"] = {k: info[k] for k in ("predicted_step_s", "predicted_blocks_s",
                                             "predicted_stall_s", "head_s", "tail_s",
                                             "rest_from", "base", "counts", "link")}
-    row["sim_plan"] = replay(tp, B.CAP, plan=pp)
-    row["sim_reactive"] = replay(tp, B.CAP, policy="reactive")
+    row["sim_plan"] = replay(tp, budget, plan=pp)
+    row["sim_reactive"] = replay(tp, budget, policy="reactive")
     m, s = row["measured"]["step_s"], row["sim_plan"].get("step_s")
     row["sim_vs_measured"] = s / m - 1 if s else None
     row["planner_vs_measured"] = info["predicted_step_s"] / m - 1
-    print(json.dumps(row), flush=True)
-    with open(os.path.join(out, "oversub_replay.jsonl"), "a") as f:
-        f.write(json.dumps(row) + "\n")
+    return row
 
 
 def from_log(log, out):
@@ -161,7 +176,7 @@ def from_log(log, out):
         S.write(tp, trace)
         S.write(pp, plan)
         own = P.simulate(prof, modes, link, None)
-        sim = replay(tp, "200G", plan=pp)
+        sim = replay(tp, os.environ.get("BUDGET", "200G"), plan=pp)
         print(json.dumps({
             "model": r["model"], "batch": r["batch"], "method": r["method"],
             "measured_step_s": r["step_s"],

@@ -223,7 +223,7 @@ class Offload(object):
     def write_trace(self, path, plan_path=None, iterations=3):
         """Writes the job the planner saw as a memcast trace document (JSON; ``memcast
         trace import PATH -o X.mctrace`` converts it) and, with ``plan_path``, the
-        plan the blocks run now as a ``memcast-plan`` document, for ``memcast replay
+        plan the last completed iteration ran as a ``memcast-plan`` document, for ``memcast replay
         PATH --budget B --plan PLAN_PATH --json`` (docs/oversubscription.md, "Replayed
         in the simulator"). Returns the figures it used (``simtrace.from_offload``)."""
         from . import simtrace

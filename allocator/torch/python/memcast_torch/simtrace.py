@@ -12,7 +12,8 @@ chose (per block mode, the prefetch issue points) into two JSON documents:
   input ``in`` (``inp`` bytes, made when block ``i - 1`` starts; block 0's with the
   iteration) and what it saves beyond its input, ``saved`` (``saved - inp`` bytes, at
   least 4 KiB), made when the block starts; the clock advances by the block's measured
-  forward time. After the forward, the time outside the blocks before backward
+  forward time. Inside a segment of recomputed blocks (``plan.segments``) only the
+  first block's ``in`` is kept: the others' are freed when their block's forward ends. After the forward, the time outside the blocks before backward
   (``head_s``: the head, the loss, their backward). Backward, from the last block:
   ``in`` and ``saved`` are read when backward reaches the block, the clock advances by
   its backward time, both are freed. Then the static block is written (the optimizer)
@@ -100,6 +101,9 @@ def build(prof, modes, issue, base_bytes=0, head_s=0.0, tail_s=0.0, iterations=3
     segs = segs if segs is not None else {i: i for i in range(n) if modes[i] in P.RECOMPUTED}
     ins = P.input_spills(modes, segs)
     input_of = {b: a for a, b in ins.items()}
+    # Blocks inside a segment (not its first): their inputs are not kept (the
+    # segment's recomputation makes them again from the first block's).
+    internal = {m for a, b in segs.items() for m in range(a + 1, b + 1)}
     w = _Writer()
     static = []
     if base_bytes > 0:
@@ -117,8 +121,11 @@ def build(prof, modes, issue, base_bytes=0, head_s=0.0, tail_s=0.0, iterations=3
             if i in ins and i > 0 and inp[i] is not None:
                 w.directive("spill", inp[i])
             rec = p.fwd if modes[i] in P.RECOMPUTED else None
-            saved[i] = w.alloc(max(MIN_SAVED, p.saved - p.inp), op(i, "fwd"), [op(i, "bwd")],
-                               recompute_s=p.fwd)
+            # Inside a segment the recompute starts from the segment's input: the
+            # producer reads no tensor of the trace.
+            saved[i] = w.alloc(max(MIN_SAVED, p.saved - p.inp),
+                               op(i, "fwd.in_segment" if i in internal else "fwd"),
+                               [op(i, "bwd")], recompute_s=p.fwd)
             if rec is None:
                 # Only recomputed blocks' tensors may be dropped.
                 w.tensors[saved[i]]["recompute_us"] = None
@@ -126,6 +133,9 @@ def build(prof, modes, issue, base_bytes=0, head_s=0.0, tail_s=0.0, iterations=3
                 inp[i + 1] = w.alloc(prof[i + 1].inp, op(i, "fwd"),
                                      [op(i + 1, "fwd"), op(i + 1, "bwd")])
             w.t += p.fwd
+            if i in internal and inp[i] is not None:
+                w.free(inp[i])
+                inp[i] = None
             if modes[i] in P.RECOMPUTED:
                 w.directive("drop", saved[i])
             elif modes[i] == P.OFFLOAD:
@@ -194,8 +204,8 @@ def rest_times(prof, cal_modes, link, cal, freed=None):
 
 
 def from_offload(off, path, plan_path=None, iterations=3):
-    """``Offload.write_trace``: the current shape's profile, the plan its blocks run
-    now, the memory allocated at the last iteration's start, the time outside the
+    """``Offload.write_trace``: the current shape's profile, the plan its last
+    completed iteration ran, the memory allocated at the last iteration's start, the time outside the
     blocks from its calibration step (``rest_times``). Returns the figures used and the
     planner's own prediction of the plan (``predicted_blocks_s``; ``predicted_step_s``
     adds the same time outside the blocks)."""
@@ -205,7 +215,8 @@ def from_offload(off, path, plan_path=None, iterations=3):
     sig = [k for k, v in off.shapes.items() if v is sh]
     its = [r for r in off.iterations() if sig and r.get("shape") == list(sig[0])]
     cal = [r for r in its if r.get("calibration")]
-    modes = list(sh.modes)
+    # The plan the last iteration ran (the one after it may be re-planned already).
+    modes = list(its[-1]["modes"]) if its else list(sh.modes)
     cap = off.link.segment_cap
     if cal:
         head, tail = rest_times(sh.prof, sh.cal_modes, off.link, cal[-1])

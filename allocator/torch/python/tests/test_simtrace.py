@@ -176,3 +176,47 @@ def test_a_cpu_offload_run_writes_a_trace_memcast_replays(tmp_path):
     assert rc == 0, err
     r = json.loads(out)
     assert r["completed"] and r["plan"]["directives"] > 0 and r["plan"]["refused"] == 0, r
+
+
+REPORT = r'''
+import json, sys, torch
+PRELUDE
+sys.path.insert(0, SCRIPTS)
+import oversub_replay as R
+torch.manual_seed(0)
+seq = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh()) for _ in range(6)])
+opt = torch.optim.SGD(seq.parameters(), lr=0.1)
+off = O.Offload(list(seq), 1 << 30, min_bytes=1 << 10)
+off.torch_device = torch.device("cpu")
+ts = []
+for _ in range(5):
+    x = torch.randn(16, 256)
+    loss = seq(x).pow(2).mean(); loss.backward(); opt.step(); opt.zero_grad()
+    ts.append(0.01)
+row = R.report(off, ts[-2:], 1 << 30, sys.argv[1], "tiny")
+off.remove()
+print(json.dumps(row))
+'''
+
+
+def test_the_gpu_scripts_report_runs_on_a_cpu_run(tmp_path):
+    """scripts/oversub_replay.py's report (write the trace, replay it twice, one JSON
+    line) on a planned CPU run with CUDA faked: what the GPU run does after its steps."""
+    pytest.importorskip("torch")
+    b = memcast_bin()
+    if b is None:
+        pytest.skip("no memcast binary")
+    src = open(os.path.join(HERE, "test_offload_cpu.py")).read()
+    prelude = src.split("CODE = r'''")[1].split("def run(")[0]
+    scripts = os.path.join(HERE, "..", "..", "..", "..", "scripts")
+    code = REPORT.replace("PRELUDE", prelude).replace("SCRIPTS", repr(os.path.abspath(scripts)))
+    e = dict(os.environ, MEMCAST_BIN=b)
+    e["PYTHONPATH"] = os.path.dirname(HERE) + os.pathsep + e.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                       text=True, timeout=300, env=e)
+    assert p.returncode == 0, p.stdout + p.stderr
+    row = json.loads(p.stdout.strip().splitlines()[-1])
+    assert row["planner"]["rest_from"] == "calibration step", row["planner"]
+    assert row["sim_plan"]["completed"] and row["sim_plan"]["step_s"] > 0, row["sim_plan"]
+    assert row["sim_reactive"]["completed"], row["sim_reactive"]
+    assert row["sim_vs_measured"] is not None
