@@ -21,7 +21,8 @@ Without a GPU, from the JSON lines of an earlier oversub_bench.py run:
 
 replays each memcast row's logged profile and plan (the blocks only: the log has no
 time outside the blocks and no base memory) and prints the simulator's blocks time
-beside the planner's logged prediction and the measured step.
+beside the planner's and the measured step; `--from-log-variants` adds four made-up
+plans over each profile (link-bound ones), without the spill_inflight limit.
 
 env: MODELS=resnet152,gpt2 RESNET_BATCH=248 GPT2_BATCH=24 CAP_GIB=24 HOST_GIB=12
      MEMCAST_BIN (default: ./memcast beside this script, else target/release/memcast)
@@ -148,8 +149,20 @@ def report(off, ts, budget, out, name):
     return row
 
 
-def from_log(log, out):
-    """Replays the memcast rows of an oversub_bench.py log (blocks only)."""
+def variants(prof, logged):
+    """The logged plan and four made-up ones over the same profile (the link-bound
+    cases where the simulator's mechanisms and the planner's model can disagree)."""
+    n = len(prof)
+    return [("logged", logged),
+            ("offload first 3", [P.OFFLOAD] * 3 + [P.RECOMPUTE] * (n - 3)),
+            ("offload first 8", [P.OFFLOAD] * 8 + [P.RECOMPUTE] * (n - 8)),
+            ("offload all", [P.OFFLOAD] * n),
+            ("inputs all", [P.RECOMPUTE] + [P.OFFLOAD_INPUT] * (n - 1))]
+
+
+def from_log(log, out, more=False):
+    """Replays the memcast rows of an oversub_bench.py log (blocks only); ``more``:
+    the made-up plans of ``variants`` too, without the ``spill_inflight`` limit."""
     os.makedirs(out, exist_ok=True)
     for line in open(log):
         line = line.strip()
@@ -164,32 +177,35 @@ def from_log(log, out):
             continue
         prof = [P.BlockProfile(p["fwd_s"], p["bwd_s"], p["saved"], p["inp"])
                 for p in mc["profile"]]
-        modes = mc["modes"]
-        link = P.Link(d2h=mc["link"]["d2h"], h2d=mc["link"]["h2d"])
+        link = P.Link(d2h=mc["link"]["d2h"], h2d=mc["link"]["h2d"],
+                      inflight=1 << 62 if more else 4 << 30)
         cap = max(p.saved for p in prof)
         link.segment_cap = cap
-        issue = {int(k): v for k, v in mc["predicted"]["issue"].items()}
-        name = "%s_b%d_%s" % (r["model"], r["batch"], r["method"])
-        trace, plan = S.build(prof, modes, issue, iterations=3, name=name,
-                              segs=P.segments(prof, modes, cap))
-        tp, pp = os.path.join(out, name + ".trace.json"), os.path.join(out, name + ".plan.json")
-        S.write(tp, trace)
-        S.write(pp, plan)
-        own = P.simulate(prof, modes, link, None)
-        sim = replay(tp, os.environ.get("BUDGET", "200G"), plan=pp)
-        print(json.dumps({
-            "model": r["model"], "batch": r["batch"], "method": r["method"],
-            "measured_step_s": r["step_s"],
-            "planner_blocks_s": mc["predicted"]["step_s"],
-            "planner_stall_s": mc["predicted"]["stall_s"],
-            "planner_blocks_s_unmeasured_freed": own["step_s"],
-            "sim_blocks_s": sim.get("step_s"), "sim": sim,
-            "counts": {m: modes.count(m) for m in P.MODES}}), flush=True)
+        plans = variants(prof, mc["modes"]) if more else [("logged", mc["modes"])]
+        for label, modes in plans:
+            issue = P.issue_blocks(prof, modes, link, cap)
+            name = "%s_b%d_%s" % (r["model"], r["batch"], r["method"])
+            trace, plan = S.build(prof, modes, issue, iterations=2, name=name,
+                                  segs=P.segments(prof, modes, cap))
+            tp = os.path.join(out, name + ".trace.json")
+            pp = os.path.join(out, name + ".plan.json")
+            S.write(tp, trace)
+            S.write(pp, plan)
+            own = P.simulate(prof, modes, link, None)
+            sim = replay(tp, os.environ.get("BUDGET", "400G"), plan=pp)
+            print(json.dumps({
+                "model": r["model"], "batch": r["batch"], "method": r["method"],
+                "plan": label, "measured_step_s": r["step_s"] if label == "logged" else None,
+                "planner_logged_blocks_s": mc["predicted"]["step_s"] if label == "logged" else None,
+                "planner_blocks_s": own["step_s"], "planner_stall_s": own["stall_s"],
+                "sim_blocks_s": sim.get("step_s"), "sim": sim,
+                "counts": {m: modes.count(m) for m in P.MODES}}), flush=True)
 
 
 def main():
-    if len(sys.argv) >= 3 and sys.argv[1] == "--from-log":
-        return from_log(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "/tmp/oversub_replay")
+    if len(sys.argv) >= 3 and sys.argv[1] in ("--from-log", "--from-log-variants"):
+        return from_log(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "oversub_replay_out",
+                        more=sys.argv[1] == "--from-log-variants")
     if len(sys.argv) == 4 and sys.argv[1] == "--one":
         return one(sys.argv[2], sys.argv[3])
     if len(sys.argv) != 2:
