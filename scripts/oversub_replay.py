@@ -99,8 +99,9 @@ def one(model, out):
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(B.CAP / total)
     row = {"model": model, "batch": batch, "budget": B.CAP}
-    step, off = B.BUILD[model](batch, "memcast")
+    off = None
     try:
+        step, off = B.BUILD[model](batch, "memcast")
         for _ in range(warm):
             step()
         torch.cuda.synchronize()
@@ -114,7 +115,8 @@ def one(model, out):
     except Exception as e:  # the line says what failed (no partial figures lost)
         row["error"] = "%s: %s" % (type(e).__name__, str(e)[:500])
     finally:
-        off.remove()
+        if off is not None:
+            off.remove()
     line = json.dumps(row)
     print(line, flush=True)
     with open(os.path.join(out, "oversub_replay.jsonl"), "a") as f:
