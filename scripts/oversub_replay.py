@@ -96,11 +96,11 @@ def one(model, out):
     batch = int(os.environ.get({"resnet152": "RESNET_BATCH", "gpt2": "GPT2_BATCH"}[model],
                                {"resnet152": "248", "gpt2": "24"}[model]))
     warm, timed = int(os.environ.get("MEMCAST_WARM", "5")), int(os.environ.get("TIMED", "4"))
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(B.CAP / total)
     row = {"model": model, "batch": batch, "budget": B.CAP}
     off = None
     try:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(B.CAP / total)
         step, off = B.BUILD[model](batch, "memcast")
         for _ in range(warm):
             step()
