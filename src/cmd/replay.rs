@@ -118,6 +118,11 @@ pub struct ReplayArgs {
     /// one segment, so that pressure frees and re-creates none).
     #[arg(long)]
     pub no_arena: bool,
+    /// With --budget: execute this plan (a `memcast-plan` JSON document of spills,
+    /// prefetches and drops by trace event, e.g. written by memcast_torch's
+    /// `Offload.write_trace`) instead of the reactive prefetcher.
+    #[arg(long)]
+    pub plan: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub import: ReplayImportArgs,
 }
@@ -202,6 +207,9 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
     }
     if args.no_prefetch && args.budget.is_none() {
         bail!("--no-prefetch applies to a replay under --budget only");
+    }
+    if args.plan.is_some() && args.budget.is_none() {
+        bail!("--plan applies to a replay under --budget only");
     }
     if args.no_arena && args.budget.is_none() {
         bail!("--no-arena applies to a replay under --budget only");

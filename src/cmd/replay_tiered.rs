@@ -38,6 +38,12 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
             args.trace.display()
         );
     }
+    let plan = match &args.plan {
+        Some(p) => {
+            Some(memcast_alloc::tier::directives::Plan::load(p).map_err(|e| anyhow::anyhow!(e))?)
+        }
+        None => None,
+    };
     // Allocator settings: the tiered replay's defaults (fixed segments), then the
     // environment and --conf on top.
     let alloc = super::alloc_config(args, TierReplayOptions::default().alloc)?;
@@ -54,6 +60,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
             arena: !args.no_arena,
             check_every: args.check_every,
             alloc: alloc.clone(),
+            plan: plan.clone(),
             predictive: (*p == PolicyArg::Predictive)
                 .then(|| (super::forecaster(args), alloc.predictive_actions)),
             ..Default::default()
@@ -127,6 +134,25 @@ fn print_table(r: &TierReport) {
             r.planned_spills,
             r.planned_drops,
             r.planned_prefetches
+        );
+    }
+    if let Some(p) = &r.plan {
+        out!(
+            "plan (--plan)      {} directives: {} carried out, {} refused, {} prefetches waited for their spill",
+            p.directives,
+            p.issued,
+            p.refused,
+            p.deferred
+        );
+    }
+    if !r.compute_per_iteration_us.is_empty() && r.device == Device::Sim {
+        let steps: Vec<String> = (r.compute_per_iteration_us.iter())
+            .zip(&r.stall_per_iteration_us)
+            .map(|(c, s)| format!("{:.1}", (c + s) / 1e3))
+            .collect();
+        out!(
+            "step per iteration {} ms (compute + stall)",
+            steps.join(", ")
         );
     }
     if r.drops > 0 {

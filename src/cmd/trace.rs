@@ -13,9 +13,9 @@ use memcast_trace::Trace;
 
 #[derive(Subcommand)]
 pub enum TraceCommand {
-    /// Convert a PyTorch snapshot pickle (optionally .xz) or a native trace to native.
+    /// Convert a PyTorch snapshot pickle (optionally .xz), a JSON trace document or a native trace to native.
     Import {
-        /// Trace file: a PyTorch snapshot pickle (optionally .xz) or a native trace.
+        /// Trace file: a PyTorch snapshot pickle (optionally .xz), a native trace or a JSON trace document.
         file: PathBuf,
         /// Native trace to write (.mctrace).
         #[arg(short, long)]
@@ -28,7 +28,7 @@ pub enum TraceCommand {
     },
     /// Print summary statistics of a trace.
     Stats {
-        /// Trace file: a PyTorch snapshot pickle (optionally .xz) or a native trace.
+        /// Trace file: a PyTorch snapshot pickle (optionally .xz), a native trace or a JSON trace document.
         file: PathBuf,
         #[command(flatten)]
         import: ImportArgs,
@@ -40,7 +40,7 @@ pub enum TraceCommand {
     Gen(Box<super::gen::GenArgs>),
     /// Write the step features of a trace as CSV (the predictor's input).
     Features {
-        /// Trace file: a PyTorch snapshot pickle (optionally .xz) or a native trace.
+        /// Trace file: a PyTorch snapshot pickle (optionally .xz), a native trace or a JSON trace document.
         file: PathBuf,
         /// CSV file to write.
         #[arg(short, long)]
@@ -53,7 +53,7 @@ pub enum TraceCommand {
     },
     /// Export a trace as text (CSV or JSON Lines) for people and other tools.
     Export {
-        /// Trace file: a PyTorch snapshot pickle (optionally .xz) or a native trace.
+        /// Trace file: a PyTorch snapshot pickle (optionally .xz), a native trace or a JSON trace document.
         file: PathBuf,
         /// Text format.
         #[arg(long, value_enum)]
@@ -66,7 +66,7 @@ pub enum TraceCommand {
     },
     /// Plot live and static bytes over time with iteration boundaries (SVG or PNG).
     Plot {
-        /// Trace file: a PyTorch snapshot pickle (optionally .xz) or a native trace.
+        /// Trace file: a PyTorch snapshot pickle (optionally .xz), a native trace or a JSON trace document.
         file: PathBuf,
         /// Output file; the extension (.svg or .png) picks the format.
         #[arg(short, long)]

@@ -21,6 +21,9 @@ pub enum TraceError {
     /// A native trace file that is not one, is damaged, or is from a newer version.
     #[error("native trace: {what}")]
     Native { what: String },
+    /// A JSON trace document that is malformed or not one (`json.rs`).
+    #[error("json trace: {what} (byte offset {offset})")]
+    Json { what: String, offset: u64 },
     /// A trace that breaks the model's invariants (index into `Trace::events`).
     #[error("trace event {index}: {what}")]
     Invalid { index: u64, what: String },

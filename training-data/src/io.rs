@@ -16,6 +16,8 @@ const XZ_MAGIC: &[u8] = &[0xfd, b'7', b'z', b'X', b'Z', 0];
 pub enum Format {
     Native,
     PytorchSnapshot,
+    /// A JSON trace document (`crate::json`).
+    Json,
 }
 
 /// Loads a PyTorch snapshot pickle (plain or `.xz`) or a native trace, detected by
@@ -49,6 +51,13 @@ fn decode_file(path: &Path, opts: &SnapshotOptions) -> Result<Trace, TraceError>
     };
     match detect(&data) {
         Some(Format::Native) => native::decode(&data).map_err(with_path),
+        Some(Format::Json) => {
+            let mut t = crate::json::decode(&data).map_err(with_path)?;
+            if t.meta.name.is_empty() {
+                t.meta.name = trace_name(path);
+            }
+            Ok(t)
+        }
         Some(Format::PytorchSnapshot) => {
             let mut opts = opts.clone();
             if opts.name.is_empty() {
@@ -60,7 +69,9 @@ fn decode_file(path: &Path, opts: &SnapshotOptions) -> Result<Trace, TraceError>
             what: "the file is empty (0 bytes), not a trace".into(),
         })),
         None => Err(with_path(TraceError::Snapshot {
-            what: "unknown format: neither a memcast trace, a pickle, nor xz".into(),
+            what:
+                "unknown format: neither a memcast trace, a JSON trace document, a pickle, nor xz"
+                    .into(),
         })),
     }
 }
@@ -71,6 +82,8 @@ pub fn detect(data: &[u8]) -> Option<Format> {
         Some(Format::Native)
     } else if data.first() == Some(&0x80) {
         Some(Format::PytorchSnapshot)
+    } else if crate::json::is_json(data) {
+        Some(Format::Json)
     } else {
         None
     }
@@ -134,7 +147,15 @@ pub fn trace_name(path: &Path) -> String {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    for ext in [".xz", ".pickle", ".pkl", ".snapshot", ".mctrace"] {
+    for ext in [
+        ".xz",
+        ".pickle",
+        ".pkl",
+        ".snapshot",
+        ".mctrace",
+        ".json",
+        ".trace",
+    ] {
         if let Some(s) = name.strip_suffix(ext) {
             name = s.to_string();
         }

@@ -19,6 +19,7 @@ mod error;
 pub mod export;
 pub mod features;
 pub mod io;
+pub mod json;
 pub mod limits;
 mod model;
 pub mod native;

@@ -40,6 +40,8 @@
 //! reproduce it.
 
 pub mod access;
+pub mod budget;
+pub mod directives;
 pub mod floor;
 pub mod handle;
 pub mod manager;
@@ -50,6 +52,7 @@ pub mod prefetch;
 mod pressure;
 pub mod recompute;
 pub mod replay;
+pub mod report;
 pub mod schedule;
 pub mod spill;
 pub mod staging;

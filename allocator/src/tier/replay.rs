@@ -21,17 +21,18 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use memcast_trace::Trace;
-use serde::Serialize;
 
 use crate::backend::host::HostBackend;
 use crate::backend::layers::Limit;
 use crate::backend::sim::{SimBackend, H200_CAPACITY};
 use crate::backend::DeviceBackend;
-use crate::config::{parse_bytes, AllocConfig};
+use crate::config::AllocConfig;
 use crate::pool::Allocator;
 use crate::replay::Device;
 
 use super::access::{ops, AccessModel, OpKind};
+use super::directives::{Plan, PlanRun};
+
 use super::handle::TensorHandle;
 use super::manager::{TensorOpts, TierManager};
 use super::planned::Planner;
@@ -43,65 +44,7 @@ use super::{TierConfig, TierError};
 use crate::config::Actions;
 use crate::replay::ReplayForecaster;
 
-/// A device budget: absolute bytes or a fraction of the trace's peak requested bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub enum Budget {
-    Bytes(u64),
-    Fraction(f64),
-}
-
-/// How a budget is written (the one parser of `--budget`, in every command).
-pub const BUDGET_SYNTAX: &str = "a share of the trace's peak requested bytes (60%, or 0.6: a number with a point, at most 1) or bytes (12G, 512M, 123456)";
-
-impl std::str::FromStr for Budget {
-    type Err = String;
-    /// `60%` and `0.6` are shares of the peak (in (0, 100%]); `12G`, `1.5G` and
-    /// `123456` are bytes. A number with a point and no unit is a share, so it must be at
-    /// most 1: `1.5` is an error, not 2 bytes.
-    fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        let bad = |why: String| format!("budget {s:?}: {why}; write {BUDGET_SYNTAX}");
-        if let Some(p) = t.strip_suffix('%') {
-            let v: f64 = p
-                .trim()
-                .parse()
-                .map_err(|_| bad("not a percentage".into()))?;
-            return Budget::fraction(v / 100.0).map_err(bad);
-        }
-        if t.contains('.') && !t.contains(|c: char| c.is_ascii_alphabetic()) {
-            let v: f64 = t.parse().map_err(|_| bad("not a number".into()))?;
-            return Budget::fraction(v).map_err(bad);
-        }
-        let b = parse_bytes(t).map_err(|e| match e {
-            crate::AllocError::Config(m) => bad(m),
-            other => bad(other.to_string()),
-        })?;
-        if b == 0 {
-            return Err(bad("zero bytes".into()));
-        }
-        Ok(Budget::Bytes(b))
-    }
-}
-
-impl Budget {
-    fn fraction(v: f64) -> Result<Budget, String> {
-        if v > 0.0 && v <= 1.0 {
-            Ok(Budget::Fraction(v))
-        } else {
-            Err(format!(
-                "a share of the peak must be above 0 and at most 100% (it is {}%); a budget above the peak is written in bytes",
-                v * 100.0
-            ))
-        }
-    }
-    /// Bytes for a trace whose peak requested bytes are `peak`.
-    pub fn bytes(&self, peak: u64) -> u64 {
-        match *self {
-            Budget::Bytes(b) => b,
-            Budget::Fraction(f) => ((peak as f64 * f) as u64).max(1),
-        }
-    }
-}
+pub use super::budget::{Budget, BUDGET_SYNTAX};
 
 /// Settings of a budgeted replay.
 #[derive(Debug, Clone)]
@@ -128,6 +71,10 @@ pub struct TierReplayOptions {
     /// (less room for two slab segments), so that the budget is one arena and no
     /// segment is freed and re-created under pressure (see [`arena_bytes`]).
     pub arena: bool,
+    /// A plan to execute ([`super::directives`]): its spills, prefetches and drops
+    /// replace the reactive prefetcher, and spills of the replay's own start only when
+    /// an allocation would not fit otherwise.
+    pub plan: Option<Plan>,
 }
 
 impl Default for TierReplayOptions {
@@ -152,111 +99,12 @@ impl Default for TierReplayOptions {
             max_step_fraction: 0.5,
             predictive: None,
             arena: true,
+            plan: None,
         }
     }
 }
 
-/// What a budgeted replay measured (the `--json` output).
-#[derive(Debug, Clone, Serialize)]
-pub struct TierReport {
-    pub trace: String,
-    pub policy: &'static str,
-    /// The demand forecaster of predictive tiers (`none` when reactive).
-    pub forecaster: &'static str,
-    /// The spill policy (`lru-k`, `farthest-next-use`) and the prefetcher.
-    pub spill_policy: &'static str,
-    pub prefetcher: &'static str,
-    pub device: Device,
-    pub access_model: AccessModel,
-    pub completed: bool,
-    pub ooms: u64,
-    /// The error that stopped the replay (names the step and the bytes short).
-    pub error: Option<String>,
-    pub budget_bytes: u64,
-    pub peak_requested_bytes: u64,
-    pub budget_fraction: f64,
-    pub compute_us: f64,
-    pub stall_us: f64,
-    pub transfer_stall_us: f64,
-    pub stall_overhead: f64,
-    /// The link-bound floor: the stall no policy can avoid if every byte above the
-    /// budget leaves and comes back once per iteration over the measured pinned
-    /// bandwidths, fully overlapped with compute and with the other direction:
-    /// `max(0, iterations x (peak - budget) / duplex bandwidth - compute)`, and as a
-    /// share of compute.
-    pub link_floor_us: f64,
-    pub link_floor_overhead: f64,
-    /// The peak floor: per iteration, the least stall any policy that moves tensors
-    /// needs to get the bytes above the budget at the iteration's peak off the device
-    /// before it and back after it, each tensor no earlier than its last use and no
-    /// later than its next (see `tier::floor::peak_floor`), summed; and as a share
-    /// of compute. A lower bound (`link_floor_us` is an estimate: it assumes every byte above
-    /// the budget moves every iteration).
-    pub peak_floor_us: f64,
-    pub peak_floor_overhead: f64,
-    pub spills: u64,
-    pub spilled_bytes: u64,
-    /// Spills started ahead of a forecast peak (predictive tiers).
-    pub ahead_spills: u64,
-    /// Planned tiers (`predictive_actions` with `plan`): moves the iteration plans
-    /// held, and the spills and prefetches the plan issued (0 without a plan).
-    pub planned_moves: u64,
-    pub planned_spills: u64,
-    /// Drops the plan issued (with the `recompute` action).
-    pub planned_drops: u64,
-    pub planned_prefetches: u64,
-    /// Plans replaced within an iteration by one from an earlier iteration of the same
-    /// shape (its first allocations).
-    pub planned_replans: u64,
-    /// Tensors dropped instead of spilled (`TierConfig::recompute` or the `recompute`
-    /// action) and their bytes; recomputes of dropped tensors, their bytes and their
-    /// compute time (part of `stall_us`, not of `transfer_stall_us`).
-    pub drops: u64,
-    pub dropped_bytes: u64,
-    pub recomputes: u64,
-    pub recomputed_bytes: u64,
-    pub recompute_us: f64,
-    pub prefetches: u64,
-    pub prefetched_bytes: u64,
-    pub prefetch_hits: u64,
-    pub prefetch_misses: u64,
-    pub prefetch_hit_rate: f64,
-    pub faults: u64,
-    pub late_prefetches: u64,
-    pub wasted_prefetches: u64,
-    pub cancelled_spills: u64,
-    pub sync_spills: u64,
-    pub peak_reserved_bytes: u64,
-    /// `peak_reserved / peak_requested - 1` (under a budget, usually negative).
-    pub reserved_overhead: f64,
-    /// Reserved device bytes, time-weighted by compute time.
-    pub mean_reserved_bytes: f64,
-    pub peak_allocated_bytes: u64,
-    pub peak_host_bytes: u64,
-    /// Device calls of the allocator (segment maps/unmaps) and its out-of-memory retries.
-    pub device_allocs: u64,
-    pub device_frees: u64,
-    /// Every allocator device call here is made inside a request (the allocator under
-    /// the tiers runs reactive), and the host time of device calls (stall beyond the
-    /// waits for transfers).
-    pub critical_path_device_calls: u64,
-    pub critical_path_device_us: f64,
-    /// Fragmentation of the device allocator, sampled every 256 operations,
-    /// time-weighted mean and max (instants with at least 1% of reserved bytes free).
-    pub mean_fragmentation: f64,
-    pub max_fragmentation: f64,
-    pub alloc_oom_retries: u64,
-    pub staging_bytes: u64,
-    /// Setup time (pinned pool + static blocks), not in `stall_us`.
-    pub setup_us: f64,
-    pub operations: u64,
-    /// Stall of each iteration (between consecutive boundaries), us.
-    pub stall_per_iteration_us: Vec<f64>,
-    /// Trace events and static blocks replayed, and their rate.
-    pub events: u64,
-    pub events_per_sec: f64,
-    pub wall_secs: f64,
-}
+pub use super::report::TierReport;
 
 /// Errors that are not out-of-memory: a malformed trace or a backend failure.
 #[derive(Debug, thiserror::Error)]
@@ -278,6 +126,13 @@ pub fn replay_budgeted(
     let budget = opts.budget.bytes(peak);
     let mut cfg = opts.tier.clone();
     cfg.budget = budget;
+    if let Some(plan) = &opts.plan {
+        plan.check(trace)
+            .map_err(|what| TierReplayError::Trace { what })?;
+        // The plan moves tensors; the replay spills only what would not fit otherwise.
+        cfg.high_watermark = 1.0;
+        cfg.prefetch_watermark = 1.0;
+    }
     let mut alloc_cfg = opts.alloc.clone();
     if opts.arena && !alloc_cfg.growable_segments {
         let arena = arena_bytes(budget, &alloc_cfg);
@@ -334,7 +189,7 @@ fn run<B: DeviceBackend>(
     let wall = Instant::now();
     let alloc =
         Allocator::new(backend, alloc_cfg.clone()).map_err(|e| TierReplayError::Setup(e.into()))?;
-    let prefetch: Box<dyn PrefetchPolicy> = if opts.prefetch {
+    let prefetch: Box<dyn PrefetchPolicy> = if opts.prefetch && opts.plan.is_none() {
         Box::new(PreviousIterationOrder::new(cfg.prefetch_window))
     } else {
         Box::new(NoPrefetch)
@@ -374,7 +229,9 @@ fn run<B: DeviceBackend>(
         }
     }
     let forecaster = m.demand().map_or("none", |d| d.forecaster_name());
-    let prefetcher = if opts.prefetch {
+    let prefetcher = if opts.plan.is_some() {
+        "plan"
+    } else if opts.prefetch {
         "previous-iteration-order"
     } else {
         "none"
@@ -386,7 +243,8 @@ fn run<B: DeviceBackend>(
         .filter_map(|t| t.recompute_us.map(|r| (t.id, r as f64)))
         .collect();
     // Dropping needs each recomputable tensor's producer inputs (see `producer_inputs`).
-    let inputs = if cfg.recompute {
+    let plan_drops = opts.plan.as_ref().is_some_and(Plan::drops);
+    let inputs = if cfg.recompute || plan_drops {
         m.set_producer(Box::new(TimeOnly));
         producer_inputs(trace)
     } else {
@@ -403,7 +261,16 @@ fn run<B: DeviceBackend>(
     let (mut reserved_time, mut frag_time, mut frag_span) = (0.0f64, 0.0f64, 0.0f64);
     let (mut last_frag, mut max_frag) = (None::<f64>, 0.0f64);
     let mut stall_per_iteration = Vec::new();
+    let mut compute_per_iteration = Vec::new();
     let mut last_boundary_stall = None::<f64>;
+    let mut last_boundary_compute = 0.0f64;
+    let directives = opts.plan.as_ref().map_or(&[][..], |p| &p.directives[..]);
+    let mut pc = 0usize;
+    let mut deferred: Vec<TensorHandle> = Vec::new();
+    let mut plan_run = PlanRun {
+        directives: directives.len() as u64,
+        ..Default::default()
+    };
     let step_cap = (opts.max_step_fraction * budget as f64) as u64;
     let mut step_bytes = 0u64;
     let bytes_of: HashMap<u64, u64> = trace
@@ -427,6 +294,24 @@ fn run<B: DeviceBackend>(
             stall0 = Some(setup_us);
         }
         n_ops += 1;
+        if let (Some(k), false) = (
+            op.event,
+            matches!(op.kind, OpKind::EndStep | OpKind::Advance(_)),
+        ) {
+            let r = super::directives::run_due(
+                &mut m,
+                directives,
+                &mut pc,
+                k,
+                &live,
+                &mut deferred,
+                &mut plan_run,
+            );
+            if let Err(e) = r {
+                error = Some(format!("{}: plan: {e}", where_(op.event)));
+                break;
+            }
+        }
         let touched = match op.kind {
             OpKind::Alloc { bytes, .. } => bytes,
             OpKind::Access { id, .. } => bytes_of.get(&id).copied().unwrap_or(0),
@@ -454,8 +339,10 @@ fn run<B: DeviceBackend>(
                 let now = m.backend().stall_us() + m.stats().recompute_us;
                 if let Some(prev) = last_boundary_stall {
                     stall_per_iteration.push(now - prev);
+                    compute_per_iteration.push(compute_us - last_boundary_compute);
                 }
                 last_boundary_stall = Some(now);
+                last_boundary_compute = compute_us;
                 if oracle_plan {
                     // The oracle plans the iteration that begins on its true operations.
                     let next =
@@ -504,6 +391,10 @@ fn run<B: DeviceBackend>(
                 }
             }
             OpKind::Access { id, write } => match live.get(&id) {
+                Some(&h) if opts.plan.is_some() => {
+                    super::directives::before_access(&mut m, h, &mut deferred, &mut plan_run)
+                        .and_then(|_| m.access(h, write).map(|_| ()))
+                }
                 Some(&h) => m.access(h, write).map(|_| ()),
                 None if is_zero(trace, id) => Ok(()),
                 None => {
@@ -544,6 +435,21 @@ fn run<B: DeviceBackend>(
         if opts.check_every > 0 && n_ops.is_multiple_of(opts.check_every) {
             m.check_invariants()
                 .map_err(|e| bad(op.event, e.to_string()))?;
+        }
+    }
+    if error.is_none() {
+        let end = trace.events.len() as u64;
+        let r = super::directives::run_due(
+            &mut m,
+            directives,
+            &mut pc,
+            end,
+            &live,
+            &mut deferred,
+            &mut plan_run,
+        );
+        if let Err(e) = r {
+            error = Some(format!("at the end: plan: {e}"));
         }
     }
     if error.is_none() {
@@ -667,6 +573,8 @@ fn run<B: DeviceBackend>(
         setup_us,
         operations: n_ops,
         stall_per_iteration_us: stall_per_iteration,
+        compute_per_iteration_us: compute_per_iteration,
+        plan: opts.plan.as_ref().map(|_| plan_run),
         events,
         events_per_sec: if wall_secs > 0.0 {
             events as f64 / wall_secs

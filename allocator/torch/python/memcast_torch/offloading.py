@@ -34,6 +34,7 @@ import time
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from . import figures
 from . import plan as P
 from .hostpool import host_pool
 
@@ -140,6 +141,8 @@ class Offload(object):
             mode = self.modes[i]
             if mode in P.RECOMPUTED and i not in self.segs:
                 # Inside a segment recomputed as one: its first block ran it whole.
+                if i == len(self.blocks) - 1:
+                    self._mark("fwd_end")
                 return self.seg_out
             self.seg_out = None
             last = i
@@ -168,7 +171,10 @@ class Offload(object):
                     out = fwd(*args, **kwargs)
             else:
                 out = fwd(*args, **kwargs)
-            if self.spilled or self.it_shape.calibrating:
+            last_block = last == len(self.blocks) - 1
+            if last_block:
+                self._mark("fwd_end")
+            if self.spilled or self.it_shape.calibrating or last_block:
                 self._on_backward(out, last)
             return out
 
@@ -200,11 +206,29 @@ class Offload(object):
         if sh.calibrating:
             sh.mem_bwd[i] = torch.cuda.memory_allocated(self.device)
         self.bwd_block = i
+        if i == len(self.blocks) - 1:
+            self._mark("bwd_start")
         if self.spilled:
             self._poll_spills()
             self._prefetch_ahead()
             self._drain(block=False)
         return None
+
+    def _mark(self, what):
+        """A timing event on the compute stream (resolved in ``_resolve``)."""
+        if what not in self.marks:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks[what] = e
+
+    def write_trace(self, path, plan_path=None, iterations=3):
+        """Writes the job the planner saw as a memcast trace document (JSON; ``memcast
+        trace import PATH -o X.mctrace`` converts it) and, with ``plan_path``, the
+        plan the last completed iteration ran as a ``memcast-plan`` document, for ``memcast replay
+        PATH --budget B --plan PLAN_PATH --json`` (docs/oversubscription.md, "Replayed
+        in the simulator"). Returns the figures it used (``simtrace.from_offload``)."""
+        from . import simtrace
+        return simtrace.from_offload(self, path, plan_path, iterations)
 
     def flush(self):
         """Ends the current iteration now (its figures go to ``history`` and
@@ -235,6 +259,7 @@ class Offload(object):
         self.use_order = []
         self.seg_out = None
         self.spill_only = None
+        self.marks = {}
         self.bwd_block = len(self.blocks)
         self.cur_block = 0
         self.next_prefetch = 0
@@ -255,6 +280,7 @@ class Offload(object):
         self._end_iteration()
         self.iteration += 1
         sig = self._sig(args, kwargs)
+        self.it_sig = sig
         sh = self.shapes.get(sig)
         if sh is None:
             sh = self.shapes[sig] = _Shape()
@@ -296,6 +322,7 @@ class Offload(object):
         torch.cuda.reset_peak_memory_stats(self.device)
         self.it_retries = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
         self.started = True
+        self._mark("start")
 
     def _end_iteration(self):
         if not self.started:
@@ -305,6 +332,11 @@ class Offload(object):
         peak = torch.cuda.max_memory_allocated(self.device)
         retries = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0) - self.it_retries
         rec = dict(self.it)
+        self._mark("end")
+        rec["_marks"] = self.marks
+        rec["calibration"] = bool(sh.calibrating)
+        rec["shape"] = list(self.it_sig)
+        rec["base"] = self.it_base
         rec["alloc_retries"] = retries
         rec["peak_reserved"] = torch.cuda.max_memory_reserved(self.device)
         rec.update({"iteration": self.iteration, "peak_allocated": peak,
@@ -640,19 +672,7 @@ class Offload(object):
                 keep.append((ev, addr))
         self.to_release = keep
 
-    @staticmethod
-    def _resolve(rec):
-        """Turns an iteration's timing events into ``compute_wait_s`` (waits for the
-        events: done lazily, when the figures are asked for)."""
-        waits = rec.pop("_waits", None)
-        if waits is not None:
-            total = 0.0
-            for a, b in waits:
-                b.synchronize()
-                total += a.elapsed_time(b) / 1e3
-            rec["compute_wait_s"] = total
-            rec["waits"] = len(waits)
-        return rec
+    _resolve = staticmethod(figures.resolve)
 
     def iterations(self):
         """The figures of every completed iteration (a list of dicts)."""

@@ -1,0 +1,114 @@
+//! The report of a budgeted replay (`memcast replay --budget B --json`).
+
+use serde::Serialize;
+
+use super::access::AccessModel;
+use super::directives::PlanRun;
+use crate::replay::Device;
+
+/// What a budgeted replay measured (the `--json` output).
+#[derive(Debug, Clone, Serialize)]
+pub struct TierReport {
+    pub trace: String,
+    pub policy: &'static str,
+    /// The demand forecaster of predictive tiers (`none` when reactive).
+    pub forecaster: &'static str,
+    /// The spill policy (`lru-k`, `farthest-next-use`) and the prefetcher.
+    pub spill_policy: &'static str,
+    pub prefetcher: &'static str,
+    pub device: Device,
+    pub access_model: AccessModel,
+    pub completed: bool,
+    pub ooms: u64,
+    /// The error that stopped the replay (names the step and the bytes short).
+    pub error: Option<String>,
+    pub budget_bytes: u64,
+    pub peak_requested_bytes: u64,
+    pub budget_fraction: f64,
+    pub compute_us: f64,
+    pub stall_us: f64,
+    pub transfer_stall_us: f64,
+    pub stall_overhead: f64,
+    /// The link-bound floor: the stall no policy can avoid if every byte above the
+    /// budget leaves and comes back once per iteration over the measured pinned
+    /// bandwidths, fully overlapped with compute and with the other direction:
+    /// `max(0, iterations x (peak - budget) / duplex bandwidth - compute)`, and as a
+    /// share of compute.
+    pub link_floor_us: f64,
+    pub link_floor_overhead: f64,
+    /// The peak floor: per iteration, the least stall any policy that moves tensors
+    /// needs to get the bytes above the budget at the iteration's peak off the device
+    /// before it and back after it, each tensor no earlier than its last use and no
+    /// later than its next (see `tier::floor::peak_floor`), summed; and as a share
+    /// of compute. A lower bound (`link_floor_us` is an estimate: it assumes every byte above
+    /// the budget moves every iteration).
+    pub peak_floor_us: f64,
+    pub peak_floor_overhead: f64,
+    pub spills: u64,
+    pub spilled_bytes: u64,
+    /// Spills started ahead of a forecast peak (predictive tiers).
+    pub ahead_spills: u64,
+    /// Planned tiers (`predictive_actions` with `plan`): moves the iteration plans
+    /// held, and the spills and prefetches the plan issued (0 without a plan).
+    pub planned_moves: u64,
+    pub planned_spills: u64,
+    /// Drops the plan issued (with the `recompute` action).
+    pub planned_drops: u64,
+    pub planned_prefetches: u64,
+    /// Plans replaced within an iteration by one from an earlier iteration of the same
+    /// shape (its first allocations).
+    pub planned_replans: u64,
+    /// Tensors dropped instead of spilled (`TierConfig::recompute` or the `recompute`
+    /// action) and their bytes; recomputes of dropped tensors, their bytes and their
+    /// compute time (part of `stall_us`, not of `transfer_stall_us`).
+    pub drops: u64,
+    pub dropped_bytes: u64,
+    pub recomputes: u64,
+    pub recomputed_bytes: u64,
+    pub recompute_us: f64,
+    pub prefetches: u64,
+    pub prefetched_bytes: u64,
+    pub prefetch_hits: u64,
+    pub prefetch_misses: u64,
+    pub prefetch_hit_rate: f64,
+    pub faults: u64,
+    pub late_prefetches: u64,
+    pub wasted_prefetches: u64,
+    pub cancelled_spills: u64,
+    pub sync_spills: u64,
+    pub peak_reserved_bytes: u64,
+    /// `peak_reserved / peak_requested - 1` (under a budget, usually negative).
+    pub reserved_overhead: f64,
+    /// Reserved device bytes, time-weighted by compute time.
+    pub mean_reserved_bytes: f64,
+    pub peak_allocated_bytes: u64,
+    pub peak_host_bytes: u64,
+    /// Device calls of the allocator (segment maps/unmaps) and its out-of-memory retries.
+    pub device_allocs: u64,
+    pub device_frees: u64,
+    /// Every allocator device call here is made inside a request (the allocator under
+    /// the tiers runs reactive), and the host time of device calls (stall beyond the
+    /// waits for transfers).
+    pub critical_path_device_calls: u64,
+    pub critical_path_device_us: f64,
+    /// Fragmentation of the device allocator, sampled every 256 operations,
+    /// time-weighted mean and max (instants with at least 1% of reserved bytes free).
+    pub mean_fragmentation: f64,
+    pub max_fragmentation: f64,
+    pub alloc_oom_retries: u64,
+    pub staging_bytes: u64,
+    /// Setup time (pinned pool + static blocks), not in `stall_us`.
+    pub setup_us: f64,
+    pub operations: u64,
+    /// Stall of each iteration (between consecutive boundaries), us.
+    pub stall_per_iteration_us: Vec<f64>,
+    /// Compute of each iteration (the trace's gaps between consecutive boundaries), us:
+    /// with `stall_per_iteration_us`, the predicted time of each step.
+    pub compute_per_iteration_us: Vec<f64>,
+    /// What the replay did with `--plan` (`None` without one).
+    pub plan: Option<PlanRun>,
+    /// Trace events and static blocks replayed, and their rate.
+    pub events: u64,
+    pub events_per_sec: f64,
+    pub wall_secs: f64,
+}
