@@ -136,6 +136,9 @@ def report(off, ts, budget, out, name):
            "measured": {"step_s": statistics.median(ts), "steps_s": ts,
                         "gpu_step_s": statistics.median(gpu) if gpu else None,
                         "head_s": [i.get("head_s") for i in its],
+                        "tail_s": [i.get("tail_s") for i in its],
+                        "blocks_s": [(i["fwd_s"] + i["bwd_s"]) if i.get("fwd_s") is not None
+                                     and i.get("bwd_s") is not None else None for i in its],
                         "compute_wait_s": [i.get("compute_wait_s") for i in its],
                         "host_wait_s": [i.get("host_wait_s") for i in its],
                         "spilled_bytes": its[-1]["spilled_bytes"],
@@ -148,6 +151,15 @@ def report(off, ts, budget, out, name):
     m, s = row["measured"]["step_s"], row["sim_plan"].get("step_s")
     row["sim_vs_measured"] = s / m - 1 if s else None
     row["planner_vs_measured"] = info["predicted_step_s"] / m - 1
+    # The blocks' part alone: the simulator's step less the time outside the blocks it
+    # was given, against the GPU time measured from the first block's forward to the
+    # end of backward through the first block, less the head.
+    blocks = [b for b in row["measured"]["blocks_s"] if b is not None]
+    if s and blocks:
+        sim_blocks = s - info["head_s"] - info["tail_s"]
+        row["sim_blocks_s"] = sim_blocks
+        row["measured_blocks_s"] = statistics.median(blocks)
+        row["sim_blocks_vs_measured"] = sim_blocks / statistics.median(blocks) - 1
     return row
 
 

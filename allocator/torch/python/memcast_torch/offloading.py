@@ -125,6 +125,7 @@ class Offload(object):
         for i, b in enumerate(self.blocks):
             self._orig.append(b.forward)
             b.forward = self._wrap(i, b.forward)
+        self._bwd_end = figures.watch_backward_end(self, self.blocks[0])
 
     # ---- the wrapper -------------------------------------------------------------
 
@@ -240,6 +241,9 @@ class Offload(object):
         self._end_iteration()
         for b, f in zip(self.blocks, self._orig):
             b.forward = f
+        for h in self._bwd_end:
+            h.remove()
+        self._bwd_end = []
         self._drain(block=True)
 
     def __enter__(self):

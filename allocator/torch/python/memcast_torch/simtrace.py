@@ -182,6 +182,12 @@ def build(prof, modes, issue, base_bytes=0, head_s=0.0, tail_s=0.0, iterations=3
     return trace, plan
 
 
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
 def write(path, doc):
     """Writes a document as compact JSON."""
     with open(path, "w") as f:
@@ -205,8 +211,9 @@ def rest_times(prof, cal_modes, link, cal, freed=None):
 
 def from_offload(off, path, plan_path=None, iterations=3):
     """``Offload.write_trace``: the current shape's profile, the plan its last
-    completed iteration ran, the memory allocated at the last iteration's start, the time outside the
-    blocks from its calibration step (``rest_times``). Returns the figures used and the
+    completed iteration ran, the memory allocated at the last iteration's start, the
+    time outside the blocks as measured in the iterations that ran that plan (median;
+    else from the calibration step, ``rest_times``). Returns the figures used and the
     planner's own prediction of the plan (``predicted_blocks_s``; ``predicted_step_s``
     adds the same time outside the blocks)."""
     sh = off.shape
@@ -218,7 +225,20 @@ def from_offload(off, path, plan_path=None, iterations=3):
     # The plan the last iteration ran (the one after it may be re-planned already).
     modes = list(its[-1]["modes"]) if its else list(sh.modes)
     cap = off.link.segment_cap
-    if cal:
+    # The time outside the blocks as measured in the iterations that ran this plan:
+    # the head (the forward's end to backward's arrival at the last block) and the
+    # tail (backward leaving the first block to the next step's start), the recording's
+    # own times; the simulator predicts the blocks' part (forward, backward,
+    # recomputation, waits for the link) from the profile.
+    ran = [r for r in its if not r.get("calibration") and list(r["modes"]) == modes]
+    heads = [r.get("head_s") for r in ran]
+    tails = [r.get("tail_s") for r in ran]
+    if ran and None not in heads and None not in tails:
+        head, tail = _median(heads), _median(tails)
+        rest_from = "measured in the %d iterations that ran the plan" % len(ran)
+    elif cal:
+        # Without the backward's end marked: the calibration step's figures, less the
+        # blocks' time the planner predicts for it (a first step: slower than later).
         head, tail = rest_times(sh.prof, sh.cal_modes, off.link, cal[-1])
         rest_from = "calibration step"
     else:
