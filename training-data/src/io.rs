@@ -91,7 +91,8 @@ pub fn detect(data: &[u8]) -> Option<Format> {
 
 /// Reads a file, transparently decompressing xz. The decompressed size is bounded by
 /// [`MAX_XZ_RATIO`] times the compressed size, and an xz stream whose first bytes are
-/// neither a native trace nor a pickle is refused before it is decompressed further.
+/// neither a native trace, a JSON trace document nor a pickle is refused before it is
+/// decompressed further.
 pub fn read_maybe_xz(path: &Path) -> Result<Vec<u8>, TraceError> {
     let data = std::fs::read(path).map_err(|e| TraceError::io(path, e))?;
     if !data.starts_with(XZ_MAGIC) {
@@ -125,7 +126,7 @@ fn unxz(data: &[u8]) -> Result<Vec<u8>, TraceError> {
             what: if out.is_empty() {
                 "the xz stream holds no data".into()
             } else {
-                "the xz stream holds neither a memcast trace nor a pickle (its first bytes)".into()
+                "the xz stream holds neither a memcast trace, a JSON trace document nor a pickle (its first bytes)".into()
             },
         });
     }
@@ -190,6 +191,35 @@ mod tests {
         );
         let e = load_trace(&dir.join("missing")).unwrap_err().to_string();
         assert!(e.contains("missing"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_xz_json_document_loads_and_other_xz_content_names_the_formats() {
+        use std::io::Write;
+        let xz = |data: &[u8]| {
+            let mut enc = liblzma::write::XzEncoder::new(Vec::new(), 6);
+            enc.write_all(data).unwrap();
+            enc.finish().unwrap()
+        };
+        let dir = std::env::temp_dir().join(format!("memcast-io-xz-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("run.trace.json.xz");
+        let doc = br#"{"format": "memcast-trace", "version": 1, "trace": {"events": [
+            {"time_us": 0, "kind": "IterationBoundary"},
+            {"time_us": 0, "kind": {"Alloc": {"id": 2, "bytes": 512, "stream": 0}}},
+            {"time_us": 9, "kind": {"Free": {"id": 2}}},
+            {"time_us": 9, "kind": "IterationBoundary"}]}}"#;
+        std::fs::write(&f, xz(doc)).unwrap();
+        let t = load_trace(&f).unwrap();
+        assert_eq!((t.events.len(), t.meta.name.as_str()), (4, "run"));
+        let g = dir.join("junk.xz");
+        std::fs::write(&g, xz(b"hello, world")).unwrap();
+        let e = load_trace(&g).unwrap_err().to_string();
+        assert!(
+            e.contains("junk.xz") && e.contains("JSON trace document"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

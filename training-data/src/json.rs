@@ -163,4 +163,30 @@ mod tests {
             .to_string();
         assert!(e.contains("missing field"), "{e}");
     }
+
+    /// Unknown fields are refused at every level of the document, not only its top: a
+    /// misspelt optional field (`recompute_s` for `recompute_us`) would otherwise be
+    /// read as absent.
+    #[test]
+    fn unknown_fields_are_refused_inside_the_trace_too() {
+        for (from, to) in [
+            ("\"recompute_us\": 120", "\"recompute_s\": 120"),
+            ("\"write\": false", "\"write\": false, \"x\": 1"),
+            (
+                "{\"time_us\": 0, \"kind\": \"Iter",
+                "{\"time_us\": 0, \"at\": 1, \"kind\": \"Iter",
+            ),
+            ("\"stream\": 0}]", "\"stream\": 0, \"x\": 1}]"),
+            ("\"description\": \"\"", "\"description\": \"\", \"x\": 1"),
+        ] {
+            let doc = GOOD.replacen(from, to, 1);
+            assert_ne!(doc, GOOD, "{from}");
+            let e = decode(doc.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains("unknown field"), "{to}: {e}");
+        }
+        let doc = GOOD.replace("\"source_segments\"", "\"x\"");
+        let doc = doc.replace("120}]}}", "120}], \"source_segments\": [{\"before_event\": 1, \"bytes\": 2, \"alloc\": true, \"x\": 0}]}}");
+        let e = decode(doc.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("unknown field"), "{e}");
+    }
 }

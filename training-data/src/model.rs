@@ -23,6 +23,7 @@ pub type StreamId = u32;
 
 /// One thing that happened, at `time_us` microseconds after the trace's start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Event {
     pub time_us: u64,
     pub kind: EventKind,
@@ -30,6 +31,7 @@ pub struct Event {
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub enum EventKind {
     /// A caller asked for `bytes` (requested, unrounded) on `stream`.
     Alloc {
@@ -47,6 +49,7 @@ pub enum EventKind {
 
 /// A block live before recording began. Part of the trace: replays allocate these first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StaticBlock {
     pub id: TensorId,
     pub bytes: u64,
@@ -55,6 +58,7 @@ pub struct StaticBlock {
 
 /// Per-tensor metadata, where the source knows it (synthetic graph traces do).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 pub struct TensorMeta {
     pub id: TensorId,
     /// Requested bytes.
@@ -74,6 +78,7 @@ pub struct TensorMeta {
 /// A device segment event of the recording allocator (PyTorch's `segment_alloc` /
 /// `segment_free`). Not demand: kept so that allocator emulations can be validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SourceSegmentEvent {
     /// Index of the next demand event in [`Trace::events`] when this happened.
     pub before_event: u64,
@@ -83,6 +88,7 @@ pub struct SourceSegmentEvent {
 
 /// Where a trace came from and what it is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 pub struct TraceMeta {
     /// Short name, e.g. `resnet50_b64_train`.
     pub name: String,
@@ -94,6 +100,7 @@ pub struct TraceMeta {
 
 /// A whole trace. See the module docs for the invariants.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 pub struct Trace {
     pub meta: TraceMeta,
     pub static_blocks: Vec<StaticBlock>,

@@ -513,6 +513,11 @@ pub fn run_warm<T: ReplayTarget>(
     let fail = |index: u64| move |source| ReplayError::Alloc { index, source };
 
     let mut ensure_stream = |t: &mut T, s: u32, index: u64| -> Result<(), ReplayError> {
+        // Every target refuses what memcast's records cannot hold (16 bits), before
+        // making the streams below it (a stream of u32::MAX would be 4 billion).
+        if s > u16::MAX as u32 {
+            return Err(fail(index)(AllocError::TooManyStreams(s)));
+        }
         while streams <= s {
             t.create_stream().map_err(fail(index))?;
             streams += 1;
