@@ -453,4 +453,4 @@ where
 
 #[cfg(test)]
 #[path = "warmup_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -9,7 +9,7 @@ use crate::replay::{run_warm, ReplayOptions};
 
 const MIB: u64 = 1 << 20;
 
-fn statics(sizes: &[u64]) -> Vec<StaticBlock> {
+pub(crate) fn statics(sizes: &[u64]) -> Vec<StaticBlock> {
     (0..sizes.len())
         .map(|i| StaticBlock {
             id: 1000 + i as u64,
@@ -20,7 +20,7 @@ fn statics(sizes: &[u64]) -> Vec<StaticBlock> {
 }
 
 /// `+id:bytes` allocates, `-id` frees, `|` is an iteration boundary.
-fn events(prog: &[(char, u64, u64)]) -> Vec<Event> {
+pub(crate) fn events(prog: &[(char, u64, u64)]) -> Vec<Event> {
     prog.iter()
         .enumerate()
         .map(|(i, &(op, id, bytes))| Event {

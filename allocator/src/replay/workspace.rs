@@ -134,6 +134,7 @@ mod tests {
     use super::*;
     use crate::backend::sim::SimBackend;
     use crate::replay::pytorch::{PytorchConfig, PytorchEmu};
+    use crate::replay::warmup::tests::{events, statics};
     use crate::replay::{run_warm, ReplayOptions};
 
     const MIB: u64 = 1 << 20;
@@ -215,31 +216,8 @@ mod tests {
         prog.extend(iteration(11));
         prog.push(('|', 0, 0));
         let t = Trace {
-            static_blocks: [6 * MIB, 6 * MIB, 6 * MIB, 32 * MIB, 32 * MIB]
-                .iter()
-                .enumerate()
-                .map(|(i, &bytes)| StaticBlock {
-                    id: 1000 + i as u64,
-                    bytes,
-                    stream: 0,
-                })
-                .collect(),
-            events: prog
-                .iter()
-                .enumerate()
-                .map(|(i, &(op, id, bytes))| Event {
-                    time_us: i as u64,
-                    kind: match op {
-                        '+' => EventKind::Alloc {
-                            id,
-                            bytes,
-                            stream: 0,
-                        },
-                        '-' => EventKind::Free { id },
-                        _ => EventKind::IterationBoundary,
-                    },
-                })
-                .collect(),
+            static_blocks: statics(&[6 * MIB, 6 * MIB, 6 * MIB, 32 * MIB, 32 * MIB]),
+            events: events(&prog),
             ..Default::default()
         };
         t.validate().unwrap();
