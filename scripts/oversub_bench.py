@@ -117,6 +117,23 @@ def gpt2(batch, method):
 BUILD = {"resnet152": resnet, "gpt2": gpt2}
 
 
+def timed_steps(step, warm, timed, between=None):
+    """Runs ``warm`` steps, then ``between()`` if given, then ``timed`` steps, each
+    synchronized; returns the timed steps' wall times in seconds."""
+    for _ in range(warm):
+        step()
+    torch.cuda.synchronize()
+    if between is not None:
+        between()
+    ts = []
+    for _ in range(timed):
+        t = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t)
+    return ts
+
+
 def measure(model, batch, method):
     gc.collect()
     torch.cuda.empty_cache()
@@ -130,16 +147,7 @@ def measure(model, batch, method):
     t0 = time.perf_counter()
     try:
         step, off = BUILD[model](batch, "native" if method == "uncapped" else method)
-        for _ in range(warm):
-            step()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        ts = []
-        for _ in range(TIMED):
-            t = time.perf_counter()
-            step()
-            torch.cuda.synchronize()
-            ts.append(time.perf_counter() - t)
+        ts = timed_steps(step, warm, TIMED, between=torch.cuda.reset_peak_memory_stats)
         st = torch.cuda.memory_stats()
         row.update({"fits": True, "step_s": statistics.median(ts), "step_s_all": ts,
                     "peak_allocated": st["allocated_bytes.all.peak"],

@@ -32,7 +32,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The staged layout (scripts/stage-gpu.sh DIR): the library and the CLI's shared
@@ -102,15 +101,7 @@ def one(model, out):
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(B.CAP / total)
         step, off = B.BUILD[model](batch, "memcast")
-        for _ in range(warm):
-            step()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(timed):
-            t = time.perf_counter()
-            step()
-            torch.cuda.synchronize()
-            ts.append(time.perf_counter() - t)
+        ts = B.timed_steps(step, warm, timed)
         row.update(report(off, ts, B.CAP, out, model))
     except Exception as e:  # the line says what failed (no partial figures lost)
         row["error"] = "%s: %s" % (type(e).__name__, str(e)[:500])
