@@ -33,6 +33,21 @@ fn corpus_checks_every_trace_of_a_split_against_pytorch() {
         assert!(emu.abs() < 0.2, "{w}: emulation {emu}");
         assert_eq!(t["tiered"]["completed"], true, "{w}");
         assert_eq!(t["forecast"].is_object(), t["dynamic"] == true, "{w}");
+        if t["dynamic"] == true {
+            let p = &t["forecast"]["peak_rise"];
+            let (lstm, best) = (
+                p["lstm_wape"].as_f64().unwrap(),
+                p["best_baseline_wape"].as_f64().unwrap(),
+            );
+            assert!(
+                lstm > 0.0 && best > 0.0,
+                "{w}: peak-rise WAPE {lstm} / {best}"
+            );
+            assert_eq!(
+                p["models"][p["best_baseline"].as_str().unwrap()].as_f64(),
+                Some(best)
+            );
+        }
     }
 }
 

@@ -31,6 +31,12 @@ pub struct ModelConfig {
     /// the first iteration (the only one without a reference) made WAPE 6-20% worse
     /// than seasonal naive, which is the last value there.
     pub correct_without_reference: bool,
+    /// One more output: a residual for the horizon's peak rise of live bytes, the figure
+    /// predictive mode grows and spills for (`Forecast::peak`), trained on that target
+    /// itself instead of derived from the per-step channels. Default false: trained on
+    /// the same traces as the default model it is level with the derived figure and
+    /// with the base (docs/predictor.md, "The peak head").
+    pub peak_head: bool,
 }
 
 impl Default for ModelConfig {
@@ -42,14 +48,26 @@ impl Default for ModelConfig {
             layers: 1,
             horizon: 5,
             correct_without_reference: false,
+            peak_head: false,
         }
     }
 }
 
 impl ModelConfig {
-    /// Width of the head's output: `horizon * channels`.
+    /// Width of the head's output: `horizon * channels`, plus one with `peak_head`.
     pub fn outputs(&self) -> usize {
-        self.horizon * self.channels
+        self.horizon * self.channels + self.peak_outputs()
+    }
+
+    /// Normalised targets per channel row: `channels`, plus the peak with `peak_head`
+    /// (the length of `NormStats::target_std`).
+    pub fn targets(&self) -> usize {
+        self.channels + self.peak_outputs()
+    }
+
+    /// 1 with `peak_head`, else 0.
+    pub fn peak_outputs(&self) -> usize {
+        usize::from(self.peak_head)
     }
 
     pub fn validate(&self) -> Result<()> {

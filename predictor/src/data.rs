@@ -2,6 +2,8 @@
 //! same arrays feed burn's tensors, the evaluation and the tests).
 
 use memcast_trace::features::{featurize, StepConfig, StepRecord, CHANNELS};
+
+use crate::forecaster::peak_rise;
 use memcast_trace::Trace;
 
 use crate::norm::NormStats;
@@ -58,6 +60,26 @@ impl Series {
         }
         Some(out)
     }
+
+    /// The horizon's peak rise of live bytes after step `t` (steps `t+1..=t+N`), bytes;
+    /// `None` past the end.
+    pub fn peak_rise_after(&self, t: usize) -> Option<f64> {
+        let steps: Vec<[f64; CHANNELS]> = (t + 1..=t + self.horizon)
+            .map(|k| self.records.get(k).map(|r| r.step.values.map(|v| v as f64)))
+            .collect::<Option<_>>()?;
+        peak_rise(&steps, f64::MAX)
+    }
+
+    /// The peak head's training residual for step `t`: the horizon's peak rise over the
+    /// base forecast's, in units of the scale (clipped like [`Series::residual`]); `None`
+    /// where the model is not asked (as [`Series::residual`] at horizon `N`).
+    pub fn peak_residual(&self, t: usize) -> Option<f64> {
+        self.residual(t, self.horizon)?;
+        let r = &self.records[t];
+        let y = self.peak_rise_after(t)?;
+        let base = peak_rise(&r.base, f64::MAX)?;
+        Some(((y - base) / r.step.scale).clamp(-64.0, 64.0))
+    }
 }
 
 /// One training window: `len` steps of `series` from `start` (shorter series padded).
@@ -87,7 +109,8 @@ pub fn windows(series: &[Series], window: usize, stride: usize) -> Vec<Window> {
     out
 }
 
-/// A batch as flat row-major arrays: `x [B, W, F]`, `y [B, W, H*C]`, `mask [B, W, H*C]`.
+/// A batch as flat row-major arrays: `x [B, W, F]`, `y [B, W, O]`, `mask [B, W, O]`, `O =
+/// H*C`, plus 1 (the peak head's target, last) when `norm` has a peak target std.
 #[derive(Debug, Clone, Default)]
 pub struct Batch {
     pub batch: usize,
@@ -107,7 +130,8 @@ pub fn make_batch(
 ) -> Batch {
     let f = norm.feature_mean.len();
     let horizon = series.first().map_or(1, |s| s.horizon);
-    let o = horizon * CHANNELS;
+    let peak = norm.target_std.len() > CHANNELS;
+    let o = horizon * CHANNELS + usize::from(peak);
     let b = wins.len();
     let mut batch = Batch {
         batch: b,
@@ -137,6 +161,11 @@ pub fn make_batch(
                         batch.mask[yo + c] = 1.0;
                     }
                 }
+            }
+            if let Some(res) = s.peak_residual(t).filter(|_| peak) {
+                let yo = (bi * window + k) * o + horizon * CHANNELS;
+                batch.y[yo] = (res / norm.target_std[CHANNELS] as f64) as f32;
+                batch.mask[yo] = 1.0;
             }
         }
     }

@@ -6,14 +6,22 @@
 //! `WAPE = sum|y - yhat| / sum|y|`, `MAE = mean|y - yhat|` (bytes),
 //! `under_rate = share of forecasts with yhat < y` (under-forecasting costs an allocator
 //! a stall or an OOM; over-forecasting only idle reserve).
+//!
+//! And on what predictive mode consumes ([`EvalReport::peak_rise`]): the peak rise of
+//! live bytes over the whole horizon after step `t`, `max(0, max_h (sum_{j<h} (r_j -
+//! f_j) + p_h))` over steps `t+1..=t+H` (`forecaster::peak_rise`), the figure the
+//! allocator grows for and the tiers spill ahead of. Each method's forecast of it is
+//! the same function of its forecast steps (the LSTM's own head where the model has
+//! one, `ModelConfig::peak_head`), scored over every `t` with `t + H` in the series.
 
 use std::collections::BTreeMap;
 
-use memcast_trace::features::CH_TOTAL;
+use memcast_trace::features::{CHANNELS, CH_TOTAL};
 use serde::{Deserialize, Serialize};
 
 use crate::data::Series;
 use crate::error::Result;
+use crate::forecaster::peak_rise;
 use crate::infer::{EmbeddedLstm, Forecast, StepInput};
 
 /// The non-learned forecasters [`EvalReport::best_baseline`] chooses among.
@@ -51,6 +59,9 @@ pub struct EvalReport {
     /// Seasonal period used by `seasonal_naive`: `"iterations"` or `"acf:<lag>"`.
     pub season: String,
     pub models: BTreeMap<String, MethodReport>,
+    /// Each method on the horizon's peak rise of live bytes (see the module docs).
+    #[serde(default)]
+    pub peak_rise: BTreeMap<String, Metrics>,
 }
 
 impl EvalReport {
@@ -61,6 +72,20 @@ impl EvalReport {
         BASELINES
             .iter()
             .filter_map(|k| self.models.get(*k).map(|m| (k.to_string(), m.wape)))
+            .fold(("none".into(), f64::INFINITY), |a, b| {
+                if b.1 < a.1 {
+                    b
+                } else {
+                    a
+                }
+            })
+    }
+
+    /// Best peak-rise WAPE among the same non-learned forecasters.
+    pub fn best_peak_baseline(&self) -> (String, f64) {
+        BASELINES
+            .iter()
+            .filter_map(|k| self.peak_rise.get(*k).map(|m| (k.to_string(), m.wape)))
             .fold(("none".into(), f64::INFINITY), |a, b| {
                 if b.1 < a.1 {
                     b
@@ -200,11 +225,96 @@ pub fn evaluate(series: &Series, model: Option<&mut EmbeddedLstm>) -> Result<Eva
             },
         );
     }
+    let peak = evaluate_peak_rise(series, period, has_iterations, forecasts.as_deref());
     Ok(EvalReport {
         trace: series.name.clone(),
         horizon,
         steps: n,
         season,
         models,
+        peak_rise: peak,
     })
+}
+
+/// A forecaster of the horizon's peak rise: `g(t)` = the peak rise over steps `t+1..=t+H`
+/// forecast after step `t`.
+type PeakMethod<'a> = Box<dyn Fn(usize) -> f64 + 'a>;
+
+/// Every method on the horizon's peak rise (see the module docs). O(methods x n x H).
+fn evaluate_peak_rise(
+    series: &Series,
+    period: Option<usize>,
+    has_iterations: bool,
+    forecasts: Option<&[Forecast]>,
+) -> BTreeMap<String, Metrics> {
+    let n = series.len();
+    let horizon = series.horizon;
+    let step = |t: usize| series.actual(t).map(|v| v as f64);
+    let rise = |steps: &[[f64; CHANNELS]]| peak_rise(steps, f64::MAX).unwrap_or(0.0);
+    let repeat = |b: [f64; CHANNELS]| rise(&vec![b; horizon]);
+    let mut methods: Vec<(&str, PeakMethod<'_>)> = vec![
+        ("last_value", Box::new(|t| repeat(step(t)))),
+        (
+            "moving_average",
+            Box::new(|t| {
+                let lo = (t + 1).saturating_sub(MA_WINDOW);
+                let mut m = [0.0; CHANNELS];
+                for k in lo..=t {
+                    for (c, v) in step(k).iter().enumerate() {
+                        m[c] += v / (t + 1 - lo) as f64;
+                    }
+                }
+                repeat(m)
+            }),
+        ),
+        (
+            "seasonal_naive",
+            Box::new(|t| {
+                let steps: Vec<[f64; CHANNELS]> = (1..=horizon)
+                    .map(|h| match (has_iterations, period) {
+                        (true, _) => series.records[t].seasonal[h - 1].map(|v| v as f64),
+                        (false, Some(p)) => {
+                            let back = p * h.div_ceil(p);
+                            step(if t + h >= back { t + h - back } else { t })
+                        }
+                        (false, None) => step(t),
+                    })
+                    .collect();
+                rise(&steps)
+            }),
+        ),
+        (
+            "seasonal_rescaled",
+            Box::new(|t| rise(&series.records[t].base)),
+        ),
+    ];
+    if let Some(fc) = forecasts {
+        methods.push((
+            "lstm",
+            Box::new(move |t| fc[t].horizon_peak_rise(f64::MAX).unwrap_or(0.0)),
+        ));
+    }
+    let actual: Vec<f64> = (0..n.saturating_sub(horizon))
+        .map(|t| rise(&(t + 1..=t + horizon).map(step).collect::<Vec<_>>()))
+        .collect();
+    let mut out = BTreeMap::new();
+    for (name, g) in &methods {
+        let (mut abs, mut tot, mut under) = (0.0, 0.0, 0usize);
+        for (t, &y) in actual.iter().enumerate() {
+            let yh = g(t);
+            abs += (y - yh).abs();
+            tot += y;
+            under += (yh < y) as usize;
+        }
+        let k = actual.len();
+        out.insert(
+            name.to_string(),
+            Metrics {
+                wape: if tot > 0.0 { abs / tot } else { 0.0 },
+                mae: if k > 0 { abs / k as f64 } else { 0.0 },
+                under_rate: if k > 0 { under as f64 / k as f64 } else { 0.0 },
+            },
+        );
+    }
+    out
 }

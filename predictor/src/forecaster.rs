@@ -200,6 +200,10 @@ impl Forecaster for LstmForecaster {
         if self.model.forecast(&input, out).is_err() {
             return false;
         }
+        if self.horizon != self.model.weights().config.model.horizon {
+            // The peak head forecasts the trained horizon's peak, not a shorter one's.
+            out.peak = None;
+        }
         out.horizon = self.horizon;
         for b in out.bytes.iter_mut().skip(self.horizon) {
             *b = [0.0; CHANNELS];
@@ -409,13 +413,13 @@ impl Engine {
             self.out.step_index = step.index;
             self.out.live_bytes = step.live_bytes;
             self.out.reference = step.prev_iteration_steps > 0 || self.forecaster.knows_future();
+            self.out.peak = None;
             if self
                 .forecaster
                 .forecast(&step, &self.feat.feat, &mut self.out)
             {
                 self.forecasts += 1;
-                let n = self.out.horizon.min(MAX_HORIZON);
-                if let Some(r) = peak_rise(&self.out.bytes[..n], f64::MAX) {
+                if let Some(r) = self.out.horizon_peak_rise(f64::MAX) {
                     if r >= TRUST_MIN_RISE {
                         self.open.push_back((step.index, r));
                     }

@@ -65,6 +65,26 @@ pub struct Forecast {
     /// `bytes[h - 1][c]`: channel `c` (see `memcast_trace::features::CHANNELS`) of the
     /// `h`-th next step. Entries past `horizon` are 0.
     pub bytes: [[f64; CHANNELS]; MAX_HORIZON],
+    /// The forecaster's own forecast of the horizon's peak rise of live bytes (bytes),
+    /// where it has one (a model with `ModelConfig::peak_head`); `None`: derived from
+    /// `bytes`. Read it through [`Forecast::horizon_peak_rise`].
+    pub peak: Option<f64>,
+}
+
+impl Forecast {
+    /// The forecast peak rise of live bytes over the horizon, clamped to `[0, cap]`:
+    /// the forecaster's own figure (`peak`) where it has one, else
+    /// `forecaster::peak_rise` of the forecast steps. `None` if any value of the
+    /// forecast is not finite (a forecast to ignore whole). O(horizon).
+    pub fn horizon_peak_rise(&self, cap: f64) -> Option<f64> {
+        let n = self.horizon.min(self.bytes.len());
+        let derived = crate::forecaster::peak_rise(&self.bytes[..n], cap)?;
+        match self.peak {
+            None => Some(derived),
+            Some(p) if p.is_finite() => Some(p.clamp(0.0, cap)),
+            Some(_) => None,
+        }
+    }
 }
 
 impl Default for Forecast {
@@ -77,6 +97,7 @@ impl Default for Forecast {
             seen_rise: 0,
             horizon: 0,
             bytes: [[0.0; CHANNELS]; MAX_HORIZON],
+            peak: None,
         }
     }
 }
@@ -186,7 +207,9 @@ impl EmbeddedLstm {
     /// One step from the featurizer's [`StepInput`]: runs the LSTM and composes the
     /// forecast `bytes[h][c] = max(0, base[h][c] + scale * target_std[c] * out[h][c])`,
     /// or exactly `base` while the iteration repeats, and before the run has a previous
-    /// iteration unless `correct_without_reference`.
+    /// iteration unless `correct_without_reference`. With a peak head, likewise `peak =
+    /// max(0, rise(base) + scale * target_std[C] * out[N*C])` (`None` where the base is
+    /// used as is: the peak then follows from `bytes`).
     pub fn forecast(&mut self, input: &StepInput, out: &mut Forecast) -> Result<()> {
         let horizon = self.w.config.model.horizon;
         let base_only = input.repeat
@@ -205,6 +228,14 @@ impl EmbeddedLstm {
                     (input.base[h][c] + input.scale * r).max(0.0)
                 };
             }
+        }
+        out.peak = None;
+        if self.w.config.model.peak_head && !base_only {
+            let k = horizon * CHANNELS;
+            let r = self.out[k] as f64 * self.w.norm.target_std[CHANNELS] as f64;
+            // `input.base` is finite (the featurizer's), so is its rise.
+            let base = crate::forecaster::peak_rise(&input.base[..horizon], f64::MAX);
+            out.peak = base.map(|b| (b + input.scale * r).max(0.0));
         }
         Ok(())
     }

@@ -4,7 +4,11 @@
 //! Inputs: `x_norm = (x - feature_mean) / feature_std` per feature.
 //! Targets: the residual of a step's demand over the featurizer's base forecast, in units
 //! of the step scale, divided by `target_std` per channel:
-//! `y_norm[h][c] = (actual[t + h][c] - base[t][h][c]) / scale[t] / target_std[c]`.
+//! `y_norm[h][c] = (actual[t + h][c] - base[t][h][c]) / scale[t] / target_std[c]`;
+//! with a peak head, one more: `(rise(actual[t+1..=t+N]) - rise(base[t])) / scale[t] /
+//! target_std[C]`, `rise` the horizon's peak rise of live bytes ([`Series::peak_residual`]).
+//!
+//! [`Series::peak_residual`]: crate::data::Series::peak_residual
 
 use std::path::Path;
 
@@ -28,13 +32,20 @@ pub struct NormStats {
 const MIN_STD: f64 = 1e-2;
 
 impl NormStats {
-    /// Statistics over the training series (non-repeat, in-range targets only).
-    pub fn compute(series: &[Series], features: usize, channels: usize) -> Result<Self> {
+    /// Statistics over the training series (non-repeat, in-range targets only);
+    /// `peak`: one more target std, of the horizon's peak rise.
+    pub fn compute(
+        series: &[Series],
+        features: usize,
+        channels: usize,
+        peak: bool,
+    ) -> Result<Self> {
         let mut n = 0f64;
         let mut sum = vec![0f64; features];
         let mut sq = vec![0f64; features];
-        let mut tn = vec![0f64; channels];
-        let mut tsq = vec![0f64; channels];
+        let targets = channels + usize::from(peak);
+        let mut tn = vec![0f64; targets];
+        let mut tsq = vec![0f64; targets];
         for s in series {
             for r in &s.records {
                 n += 1.0;
@@ -51,6 +62,10 @@ impl NormStats {
                             tsq[c] += res[c] * res[c];
                         }
                     }
+                }
+                if let Some(res) = s.peak_residual(t).filter(|_| peak) {
+                    tn[channels] += 1.0;
+                    tsq[channels] += res * res;
                 }
             }
         }

@@ -32,7 +32,7 @@ use memcast_trace::features::CHANNELS;
 
 use crate::config::MAX_HORIZON;
 use crate::error::{PredictorError, Result};
-use crate::forecaster::{peak_rise, Code, Engine, BOUNDARY};
+use crate::forecaster::{Code, Engine, BOUNDARY};
 use crate::infer::Forecast;
 
 const SLOTS: usize = MAX_HORIZON * CHANNELS;
@@ -80,8 +80,14 @@ pub struct Published {
     trust: AtomicU64,
     seen_rise: AtomicU64,
     horizon: AtomicU64,
+    /// `Forecast::peak`'s bits; [`NO_PEAK`] for `None`.
+    peak: AtomicU64,
     bytes: [AtomicU64; SLOTS],
 }
+
+/// The bits `Published::peak` holds for a forecast without a peak of its own (a NaN
+/// payload no arithmetic produces; a forecaster's NaN peak is published as NaN).
+const NO_PEAK: u64 = 0x7ff8_dead_beef_0001;
 
 impl Default for Published {
     fn default() -> Self {
@@ -93,6 +99,7 @@ impl Default for Published {
             trust: AtomicU64::new(0),
             seen_rise: AtomicU64::new(0),
             horizon: AtomicU64::new(0),
+            peak: AtomicU64::new(NO_PEAK),
             bytes: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -111,6 +118,12 @@ impl Published {
         self.trust.store(f.trust.to_bits(), Ordering::Relaxed);
         self.seen_rise.store(f.seen_rise, Ordering::Relaxed);
         self.horizon.store(f.horizon as u64, Ordering::Relaxed);
+        let peak = match f.peak {
+            None => NO_PEAK,
+            Some(p) if p.to_bits() == NO_PEAK => f64::NAN.to_bits(),
+            Some(p) => p.to_bits(),
+        };
+        self.peak.store(peak, Ordering::Relaxed);
         for (i, slot) in self.bytes.iter().enumerate() {
             slot.store(
                 f.bytes[i / CHANNELS][i % CHANNELS].to_bits(),
@@ -144,6 +157,10 @@ impl Published {
                 trust: f64::from_bits(self.trust.load(Ordering::Relaxed)),
                 seen_rise: self.seen_rise.load(Ordering::Relaxed),
                 horizon: self.horizon.load(Ordering::Relaxed) as usize,
+                peak: match self.peak.load(Ordering::Relaxed) {
+                    NO_PEAK => None,
+                    bits => Some(f64::from_bits(bits)),
+                },
                 ..Forecast::default()
             };
             for (i, slot) in self.bytes.iter().enumerate() {
@@ -329,8 +346,7 @@ fn serve(mut engine: Engine, shared: Arc<Shared>, quantum: u64) {
     let mut lost_seen = 0u64;
     let mut publish = |f: &Forecast| {
         shared.forecasts.fetch_add(1, Ordering::Relaxed);
-        let n = f.horizon.min(f.bytes.len());
-        let peak = f.live_bytes as f64 + peak_rise(&f.bytes[..n], f64::MAX).unwrap_or(0.0);
+        let peak = f.live_bytes as f64 + f.horizon_peak_rise(f64::MAX).unwrap_or(0.0);
         let moved = match last {
             None => true,
             Some((p, r)) => r != f.reference || (peak - p).abs() >= quantum as f64,

@@ -1,17 +1,18 @@
 //! The model's weights as plain arrays, and their safetensors file format.
 //!
 //! Tensor names and shapes (all `F32`, row-major; `F` features, `H` hidden, `O = N*C`
-//! outputs, layer `l` from 0; layer 0's input width is `F`, the others' `H`):
+//! outputs, plus 1 with `peak_head`; `T = C`, plus 1 with `peak_head`; layer `l` from
+//! 0; layer 0's input width is `F`, the others' `H`):
 //!
 //! | name | shape | meaning |
 //! |---|---|---|
 //! | `lstm.{l}.w_ih` | `[in, 4H]` | input weights, gate blocks in order i, f, g, o |
 //! | `lstm.{l}.w_hh` | `[H, 4H]` | recurrent weights, same gate order |
 //! | `lstm.{l}.bias` | `[4H]` | gate bias |
-//! | `head.weight` | `[H, O]` | output `o = h W + b`, `o[h*C + c]` = horizon `h+1`, channel `c` |
+//! | `head.weight` | `[H, O]` | output `o = h W + b`, `o[h*C + c]` = horizon `h+1`, channel `c`; `o[N*C]` the horizon's peak rise |
 //! | `head.bias` | `[O]` | |
 //! | `norm.feature_mean`, `norm.feature_std` | `[F]` | input normalisation |
-//! | `norm.target_std` | `[C]` | output scale per channel |
+//! | `norm.target_std` | `[T]` | output scale per channel (and of the peak rise) |
 //!
 //! The header's `__metadata__` holds `config` (the `config.json` text) and `format`
 //! (`memcast-lstm/1`). Cell: `g = x W_ih + h W_hh + b`, `i,f,o = sigmoid`, `g = tanh`,
@@ -83,7 +84,7 @@ impl Weights {
                 m.outputs()
             ));
         }
-        if self.norm.feature_mean.len() != m.features || self.norm.target_std.len() != m.channels {
+        if self.norm.feature_mean.len() != m.features || self.norm.target_std.len() != m.targets() {
             return bad("normalisation statistics have the wrong width".into());
         }
         self.norm.check_invariants()?;
@@ -270,7 +271,7 @@ impl Weights {
             norm: NormStats {
                 feature_mean: get("norm.feature_mean", &[m.features])?,
                 feature_std: get("norm.feature_std", &[m.features])?,
-                target_std: get("norm.target_std", &[m.channels])?,
+                target_std: get("norm.target_std", &[m.targets()])?,
             },
             config,
         };

@@ -39,7 +39,7 @@ pub fn weights(config: &ArtifactConfig, seed: u64) -> Weights {
         norm: NormStats {
             feature_mean: vec![0.1; m.features],
             feature_std: vec![1.5; m.features],
-            target_std: vec![0.5; m.channels],
+            target_std: vec![0.5; m.targets()],
         },
     }
 }
@@ -365,4 +365,141 @@ fn boundaries_of_dropped_chunks_reach_the_engine() {
     if accepted == 0 {
         assert!(stats.forecasts > 0, "{stats:?}");
     }
+}
+
+#[test]
+fn the_peak_head_is_read_saved_and_published() {
+    use memcast_predictor::service::Published;
+    use memcast_predictor::{Forecast, ModelConfig};
+    use memcast_trace::features::{CH_FREED, CH_PEAK};
+    // A config.json written before the peak head existed has none.
+    let old: ArtifactConfig =
+        serde_json::from_str(r#"{"model": {"hidden": 8, "horizon": 3}}"#).unwrap();
+    assert!(!old.model.peak_head);
+    assert_eq!(old.model.outputs(), 3 * old.model.channels);
+    // A model with one round-trips through safetensors and forecasts its own peak.
+    let config = ArtifactConfig {
+        model: ModelConfig {
+            hidden: 8,
+            peak_head: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let w = weights(&config, 5);
+    let dir = std::env::temp_dir().join(format!("memcast-peak-{}", std::process::id()));
+    memcast_predictor::artifact::save(&dir, &w).unwrap();
+    let back = memcast_predictor::artifact::load_weights(&dir).unwrap();
+    assert_eq!(back, w);
+    std::fs::remove_dir_all(&dir).ok();
+    let t = common::trace(6, 100, common::dyn_scale(3));
+    let s = Series::from_trace("dyn", &t, config.step, 5);
+    let mut m = EmbeddedLstm::new(w).unwrap();
+    let fc = run_model(&s, &mut m).unwrap();
+    assert!(fc.iter().any(|f| f.peak.is_some()));
+    for (f, r) in fc.iter().zip(&s.records) {
+        let derived = memcast_predictor::forecaster::peak_rise(&f.bytes[..5], f64::MAX).unwrap();
+        match f.peak {
+            // The base is used as is (no previous iteration, or a repeat): derived.
+            None => assert!(r.step.repeat || r.step.prev_iteration_steps == 0),
+            Some(p) => {
+                assert!(p.is_finite() && p >= 0.0);
+                assert_eq!(f.horizon_peak_rise(f64::MAX), Some(p));
+                assert_ne!(p, derived, "the head's own figure, not the derived one");
+            }
+        }
+    }
+    // The derived figure without a head; a non-finite value anywhere: no forecast.
+    let mut f = Forecast {
+        horizon: 2,
+        ..Forecast::default()
+    };
+    f.bytes[0][CH_TOTAL] = 10.0;
+    f.bytes[0][CH_PEAK] = 10.0;
+    f.bytes[1][CH_FREED] = 4.0;
+    f.bytes[1][CH_PEAK] = 3.0;
+    assert_eq!(f.horizon_peak_rise(100.0), Some(13.0));
+    assert_eq!(
+        Forecast {
+            peak: Some(50.0),
+            ..f
+        }
+        .horizon_peak_rise(100.0),
+        Some(50.0)
+    );
+    assert_eq!(
+        Forecast {
+            peak: Some(500.0),
+            ..f
+        }
+        .horizon_peak_rise(100.0),
+        Some(100.0)
+    );
+    assert_eq!(
+        Forecast {
+            peak: Some(-5.0),
+            ..f
+        }
+        .horizon_peak_rise(100.0),
+        Some(0.0)
+    );
+    assert_eq!(
+        Forecast {
+            peak: Some(f64::NAN),
+            ..f
+        }
+        .horizon_peak_rise(100.0),
+        None
+    );
+    let mut bad = f;
+    bad.bytes[1][CH_FREED] = f64::INFINITY;
+    assert_eq!(
+        Forecast {
+            peak: Some(50.0),
+            ..bad
+        }
+        .horizon_peak_rise(100.0),
+        None
+    );
+    // The seqlock carries the peak: none, a value, NaN (still no forecast after it).
+    let p = Published::default();
+    for peak in [None, Some(7.5), Some(f64::NAN), Some(0.0)] {
+        p.write(&Forecast { peak, ..f });
+        let got = p.read().unwrap().peak;
+        match peak {
+            Some(v) if v.is_nan() => assert!(got.is_some_and(f64::is_nan)),
+            _ => assert_eq!(got, peak),
+        }
+    }
+}
+
+#[test]
+fn the_peak_rise_is_scored_over_the_horizon() {
+    // Written from the definition: after step t, the peak rise of live bytes over
+    // steps t+1..=t+N; every method's figure is scored against it.
+    let t = common::trace(6, 100, common::dyn_scale(3));
+    let s = Series::from_trace("dyn", &t, StepConfig::default(), 5);
+    let r = evaluate(&s, None).unwrap();
+    let mut num = 0.0;
+    let mut den = 0.0;
+    for t in 0..s.len() - 5 {
+        // Live bytes step by step, from the step values (requested, freed, rise).
+        let (mut live, mut peak) = (0i128, 0i128);
+        for k in t + 1..=t + 5 {
+            let v = s.actual(k);
+            peak = peak.max(live + v[memcast_trace::features::CH_PEAK] as i128);
+            live += v[CH_TOTAL] as i128 - v[memcast_trace::features::CH_FREED] as i128;
+        }
+        let y = peak as f64;
+        let yhat = memcast_predictor::forecaster::peak_rise(&s.records[t].base, f64::MAX).unwrap();
+        num += (y - yhat).abs();
+        den += y;
+        assert_eq!(s.peak_rise_after(t), Some(y));
+    }
+    let want = num / den;
+    let got = r.peak_rise["seasonal_rescaled"].wape;
+    assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+    assert!(r.peak_rise.contains_key("last_value") && !r.peak_rise.contains_key("lstm"));
+    let (name, best) = r.best_peak_baseline();
+    assert!(best <= got && r.peak_rise[&name].wape == best);
 }

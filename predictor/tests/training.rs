@@ -19,7 +19,7 @@ fn random_weights(config: &ArtifactConfig, seed: u64) -> Weights {
     let norm = memcast_predictor::norm::NormStats {
         feature_mean: vec![0.2; FEATURES],
         feature_std: vec![0.7; FEATURES],
-        target_std: vec![1.0; config.model.channels],
+        target_std: vec![1.0; config.model.targets()],
     };
     let mut w = memcast_predictor::train::model::init_weights(config, norm, seed).unwrap();
     w.head_w.mapv_inplace(|v| v * 10.0);
@@ -28,11 +28,12 @@ fn random_weights(config: &ArtifactConfig, seed: u64) -> Weights {
 
 #[test]
 fn embedded_matches_burn_forward() {
-    for (layers, hidden) in [(1, 32), (2, 24)] {
+    for (layers, hidden, peak_head) in [(1, 32, false), (2, 24, false), (1, 16, true)] {
         let config = ArtifactConfig {
             model: ModelConfig {
                 layers,
                 hidden,
+                peak_head,
                 ..Default::default()
             },
             ..Default::default()
@@ -183,6 +184,64 @@ fn training_learns_to_rescale() {
         trained < 0.8 * classic,
         "trained {trained} vs the classic baselines' best {classic}"
     );
+}
+
+#[test]
+fn the_peak_head_learns_the_horizons_peak_rise() {
+    // The same family as `training_learns_to_rescale`, scored on the horizon's peak rise
+    // of live bytes (what predictive mode acts on). A model with the peak head: its
+    // forecasts carry their own peak, read by `Forecast::horizon_peak_rise`, and trained
+    // it forecasts the held-out trace's peak rise at least 10% better than its untrained
+    // self and than its base (seasonal rescaled, which the untrained head stays near).
+    // Measured: 1.108 trained, 1.438 untrained, 1.437 base. (Live bytes hardly rise in
+    // this family, every tensor freed four allocations later, so the peak rise is small
+    // and noisy: seasonal naive does better here, 0.876; docs/predictor.md gives the
+    // real traces.)
+    let mut c = small_config();
+    c.model.peak_head = true;
+    c.train.epochs = 120;
+    c.train.patience = 1000;
+    let data = dataset(&c);
+    let out = train_with(BackendKind::Ndarray, &data, &c, &mut NoProgress).unwrap();
+    assert_eq!(
+        out.weights.head_b.len(),
+        c.model.horizon * c.model.channels + 1
+    );
+    assert_eq!(out.weights.norm.target_std.len(), c.model.channels + 1);
+    let test = Series::from_trace(
+        "test",
+        &common::trace(8, 120, common::dyn_scale(99)),
+        c.step,
+        5,
+    );
+    let run = |w: Weights| {
+        let mut m = EmbeddedLstm::new(w).unwrap();
+        let fc = memcast_predictor::eval::run_model(&test, &mut m).unwrap();
+        let mut m = EmbeddedLstm::new(m.weights().clone()).unwrap();
+        (fc, evaluate(&test, Some(&mut m)).unwrap())
+    };
+    let (fc, r) = run(out.weights.clone());
+    // The head's figure is what the forecast reports, where the model corrects.
+    let own = fc.iter().filter(|f| f.peak.is_some()).count();
+    assert!(
+        own > fc.len() / 2,
+        "{own} of {} forecasts carry a peak",
+        fc.len()
+    );
+    let untrained =
+        memcast_predictor::train::model::init_weights(&c, out.weights.norm.clone(), c.train.seed)
+            .unwrap();
+    let (_, u) = run(untrained);
+    let (trained, before) = (r.peak_rise["lstm"].wape, u.peak_rise["lstm"].wape);
+    let base = r.peak_rise["seasonal_rescaled"].wape;
+    eprintln!(
+        "held-out peak-rise WAPE: trained {trained:.4}, untrained {before:.4}, base {base:.4}"
+    );
+    assert!(
+        trained < 0.9 * before,
+        "trained {trained} vs untrained {before}"
+    );
+    assert!(trained < 0.9 * base, "trained {trained} vs its base {base}");
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! `memcast eval`: the LSTM against last value, moving average and seasonal naive on
-//! the same steps of each trace.
+//! `memcast eval`: the LSTM against last value, moving average, seasonal naive and
+//! seasonal rescaled on the same steps of each trace: on requested bytes per step, and
+//! on the horizon's peak rise of live bytes (what predictive mode acts on).
 
 use std::path::{Path, PathBuf};
 
@@ -15,7 +16,8 @@ pub struct EvalArgs {
     /// Traces to evaluate on.
     #[arg(long, required = true, num_args = 1..)]
     pub trace: Vec<PathBuf>,
-    /// One JSON object per trace: {"horizon", "models": {name: {wape, mae, under_rate}}, ...}.
+    /// One JSON object per trace: {"horizon", "models": {name: {wape, mae, under_rate}},
+    /// "peak_rise": {name: {wape, mae, under_rate}}, ...}.
     #[arg(long)]
     pub json: bool,
 }
@@ -53,12 +55,16 @@ pub fn run(a: EvalArgs) -> Result<()> {
                 .collect();
             let (best, best_wape) = r.best_baseline();
             let lstm = r.models.get("lstm").map_or(f64::NAN, |m| m.wape);
+            let (pbest, pbest_wape) = r.best_peak_baseline();
+            let plstm = r.peak_rise.get("lstm").map_or(f64::NAN, |m| m.wape);
             out!(
                 "{}",
                 serde_json::json!({
                     "trace": r.trace, "steps": r.steps, "season": r.season,
                     "horizon": r.horizon, "models": models,
                     "best_baseline": best, "lstm_vs_best_baseline": lstm / best_wape,
+                    "peak_rise": r.peak_rise, "peak_best_baseline": pbest,
+                    "peak_lstm_vs_best_baseline": plstm / pbest_wape,
                 })
             );
         } else {
@@ -89,6 +95,19 @@ pub fn run(a: EvalArgs) -> Result<()> {
                 out!("  lstm / best baseline ({best}) = {:.3}", l.wape / bw);
             }
             out!("  (requested bytes per step, horizons 1..{} averaged: WAPE = sum |actual - forecast| / sum actual; MAE = mean |actual - forecast|; under = under-forecast rate, the share of forecasts below the actual)", r.horizon);
+            out!("  peak rise of live bytes over the horizon (what predictive mode grows and spills for):");
+            for (k, m) in &r.peak_rise {
+                out!(
+                    "  {k:<18} {:>8.4} {:>14.0} {:>10.3}",
+                    m.wape,
+                    m.mae,
+                    m.under_rate
+                );
+            }
+            let (pbest, pbw) = r.best_peak_baseline();
+            if let Some(l) = r.peak_rise.get("lstm") {
+                out!("  lstm / best baseline ({pbest}) = {:.3}", l.wape / pbw);
+            }
         }
     }
     Ok(())

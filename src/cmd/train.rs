@@ -36,6 +36,11 @@ pub struct TrainArgs {
     /// Steps forecast ahead.
     #[arg(long, default_value_t = ModelConfig::default().horizon)]
     pub horizon: usize,
+    /// Also train an output for the horizon's peak rise of live bytes (what predictive
+    /// mode grows and spills for) on that target itself, instead of deriving it from
+    /// the per-step forecasts.
+    #[arg(long)]
+    pub peak_head: bool,
     /// Steps per training window.
     #[arg(long, default_value_t = TrainConfig::default().window)]
     pub window: usize,
@@ -144,6 +149,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
             hidden: a.hidden,
             layers: a.layers,
             horizon: a.horizon,
+            peak_head: a.peak_head,
             ..ModelConfig::default()
         },
         train: TrainConfig {

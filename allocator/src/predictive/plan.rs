@@ -74,8 +74,7 @@ pub struct State {
 /// The forecast peak rise of live requested bytes over the horizon (see the module
 /// docs), or `None` for a forecast with a non-finite value. O(horizon).
 pub fn peak_rise(f: &Forecast, capacity: u64) -> Option<u64> {
-    let n = f.horizon.min(f.bytes.len());
-    memcast_predictor::forecaster::peak_rise(&f.bytes[..n], capacity as f64).map(|r| r as u64)
+    f.horizon_peak_rise(capacity as f64).map(|r| r as u64)
 }
 
 /// What a forecast says lies ahead of live bytes `live` (the same count the forecast's

@@ -182,3 +182,27 @@ pub fn masked_loss<B: Backend>(
     let n = mask.clone().sum().clamp_min(1.0);
     ((p - y).abs() * mask).sum() / n
 }
+
+/// The training loss: [`masked_loss`] of the per-step channel outputs (the first
+/// `channel_outputs` of the last axis) plus, when the head has more (the peak head),
+/// [`masked_loss`] of the rest, each the mean over its own targets: the horizon's peak
+/// rise, the one figure the policies read, weighs as much as the 45 channel outputs.
+pub fn training_loss<B: Backend>(
+    p: Tensor<B, 3>,
+    y: Tensor<B, 3>,
+    mask: Tensor<B, 3>,
+    channel_outputs: usize,
+) -> Tensor<B, 1> {
+    let [b, w, o] = p.dims();
+    if o <= channel_outputs {
+        return masked_loss(p, y, mask);
+    }
+    let cut = |t: Tensor<B, 3>, r: std::ops::Range<usize>| t.slice([0..b, 0..w, r]);
+    let c = 0..channel_outputs;
+    let k = channel_outputs..o;
+    masked_loss(
+        cut(p.clone(), c.clone()),
+        cut(y.clone(), c.clone()),
+        cut(mask.clone(), c),
+    ) + masked_loss(cut(p, k.clone()), cut(y, k.clone()), cut(mask, k))
+}

@@ -14,7 +14,7 @@ use crate::config::ArtifactConfig;
 use crate::data::{make_batch, split_by_trace, windows, Batch, Rng, Series, Window};
 use crate::error::{PredictorError, Result};
 use crate::norm::NormStats;
-use crate::train::model::{init_weights, masked_loss, LstmForecaster};
+use crate::train::model::{init_weights, training_loss, LstmForecaster};
 use crate::weights::Weights;
 
 /// One epoch's outcome (also written to `metrics.json`).
@@ -153,7 +153,12 @@ pub fn train<B: AutodiffBackend>(
             prepped.len()
         ));
     }
-    let norm = NormStats::compute(&train_s, config.model.features, config.model.channels)?;
+    let norm = NormStats::compute(
+        &train_s,
+        config.model.features,
+        config.model.channels,
+        config.model.peak_head,
+    )?;
     let start = Instant::now();
     let mut model: LstmForecaster<B> =
         LstmForecaster::from_weights(&init_weights(config, norm.clone(), tc.seed)?, device);
@@ -161,6 +166,7 @@ pub fn train<B: AutodiffBackend>(
         .with_grad_clipping(Some(burn::grad_clipping::GradientClippingConfig::Norm(1.0)))
         .init::<B, LstmForecaster<B>>();
     let outputs = config.model.outputs();
+    let channel_outputs = config.model.horizon * config.model.channels;
     let all_wins: Vec<Window> = windows(&train_s, tc.window, tc.stride);
     let mut by_series: Vec<Vec<Window>> = vec![Vec::new(); train_s.len()];
     for w in &all_wins {
@@ -207,7 +213,7 @@ pub fn train<B: AutodiffBackend>(
         for chunk in wins.chunks(tc.batch) {
             let b = make_batch(&train_s, chunk, tc.window, tc.burn_in, &norm);
             let (x, y, m) = tensors::<B>(&b, outputs, device);
-            let loss = masked_loss(model.forward(x), y, m);
+            let loss = training_loss(model.forward(x), y, m, channel_outputs);
             let l = scalar(loss.clone().inner());
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             model = optim.step(tc.learning_rate, model, grads);
@@ -228,7 +234,7 @@ pub fn train<B: AutodiffBackend>(
             for b in &val_batches {
                 let (x, y, m) = tensors::<B::InnerBackend>(b, outputs, device);
                 let k: f64 = b.mask.iter().map(|&v| v as f64).sum();
-                vs += scalar(masked_loss(inner.forward(x), y, m)) * k;
+                vs += scalar(training_loss(inner.forward(x), y, m, channel_outputs)) * k;
                 vn += k;
             }
             if vn > 0.0 {
