@@ -12,6 +12,16 @@ fn manifest() -> String {
         .into_owned()
 }
 
+fn figures() -> Vec<serde_json::Value> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("training-data/corpus/pytorch_allocator_figures.jsonl");
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 #[test]
 fn corpus_checks_every_trace_of_a_split_against_pytorch() {
     let out = ok(&["corpus", &manifest(), "--split", "validation", "--json"]);
@@ -26,6 +36,32 @@ fn corpus_checks_every_trace_of_a_split_against_pytorch() {
         let w = t["workload"].as_str().unwrap();
         for k in ["pytorch_native", "pytorch_expandable"] {
             assert!(t[k]["peak_reserved_bytes"].as_u64().unwrap() > 0, "{w} {k}");
+        }
+        // PyTorch's overhead is over the run's requested peak (memcast's definition),
+        // read here from the figures file itself; its own figure is over allocated.
+        for (k, a) in [
+            ("pytorch_native", "pytorch-native"),
+            ("pytorch_expandable", "pytorch-expandable-segments"),
+        ] {
+            let row = figures()
+                .into_iter()
+                .find(|r| r["name"] == w && r["allocator"] == a)
+                .unwrap();
+            let (reserved, requested, allocated) = (
+                row["peak_reserved"].as_f64().unwrap(),
+                row["peak_requested"].as_f64().unwrap(),
+                row["peak_allocated"].as_f64().unwrap(),
+            );
+            let got = t[k]["reserved_overhead"].as_f64().unwrap();
+            assert!(
+                (got - (reserved / requested - 1.0)).abs() < 1e-12,
+                "{w} {k}"
+            );
+            let own = t[k]["reserved_overhead_vs_allocated"].as_f64().unwrap();
+            assert!(
+                (own - (reserved / allocated - 1.0)).abs() < 1e-12,
+                "{w} {k}"
+            );
         }
         let overhead = t["memcast"]["reserved_overhead"].as_f64().unwrap();
         assert!((0.0..1.0).contains(&overhead), "{w}: {overhead}");

@@ -96,7 +96,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let exp = corpus
             .figures(&name, "pytorch-expandable-segments")
-            .map(|f| f.reserved_overhead());
+            .map(|f| f.comparable_overhead());
         let pct = |x: f64| format!("{:.2}%", 100.0 * x);
         let cmp = exp.map_or("-".to_string(), |e| {
             n += 1;

@@ -135,9 +135,11 @@ pub fn run(args: CorpusArgs) -> Result<()> {
                         "device_allocs": ours.device_allocs},
             "pytorch_emulation": {"peak_reserved_bytes": emu.peak_reserved_bytes, "device_allocs": emu.device_allocs,
                                   "error_vs_native": emu_error},
-            "pytorch_native": native.as_ref().map(|f| json!({"reserved_overhead": f.reserved_overhead(),
+            "pytorch_native": native.as_ref().map(|f| json!({"reserved_overhead": f.comparable_overhead(),
+                                  "reserved_overhead_vs_allocated": f.reserved_overhead(),
                                   "peak_reserved_bytes": f.peak_reserved, "device_allocs": f.num_device_alloc})),
-            "pytorch_expandable": expandable.as_ref().map(|f| json!({"reserved_overhead": f.reserved_overhead(),
+            "pytorch_expandable": expandable.as_ref().map(|f| json!({"reserved_overhead": f.comparable_overhead(),
+                                  "reserved_overhead_vs_allocated": f.reserved_overhead(),
                                   "peak_reserved_bytes": f.peak_reserved, "device_allocs": f.num_device_alloc})),
             "tiered": {"budget_fraction": budget, "completed": tier.completed, "ooms": tier.ooms,
                        "stall_overhead": tier.stall_overhead, "link_floor_overhead": tier.link_floor_overhead, "peak_floor_overhead": tier.peak_floor_overhead,
@@ -213,7 +215,8 @@ fn pct(v: f64) -> String {
 fn print_table(split: Split, budget: f64, rows: &[serde_json::Value], s: &serde_json::Value) {
     out!("memcast corpus: {} traces of the {split} split", rows.len());
     out!(
-        "reserved overhead = peak reserved / peak requested - 1 (PyTorch's: / peak allocated); \
+        "reserved overhead = peak reserved / peak requested - 1, for memcast and for PyTorch (its \
+         figures' peak requested; / peak allocated where the figures lack it); \
          emulation = PyTorch emulation's peak reserved vs PyTorch native's; allocs = device \
          allocations; tiered = replay under a budget of {:.0}% of the peak (stall as a share of \
          compute); WAPE = forecast error on dynamic traces, LSTM vs the best non-learned forecaster \

@@ -60,14 +60,35 @@ pub struct PytorchFigures {
     pub allocator: String,
     pub peak_allocated: u64,
     pub peak_reserved: u64,
+    /// The peak of the bytes the program asked for (`requested_bytes.all.peak`), where
+    /// the figures file has it (the corpus's does; the bundled traces' does not).
+    #[serde(default)]
+    pub peak_requested: Option<u64>,
     pub num_device_alloc: u64,
     pub num_device_free: u64,
 }
 
 impl PytorchFigures {
-    /// `peak_reserved / peak_allocated - 1`, PyTorch's reserved-memory overhead.
+    /// `peak_reserved / peak_allocated - 1`, PyTorch's reserved-memory overhead as
+    /// PyTorch counts it: its allocated bytes include its rounding of each request.
     pub fn reserved_overhead(&self) -> f64 {
         self.peak_reserved as f64 / self.peak_allocated as f64 - 1.0
+    }
+
+    /// `peak_reserved / peak_requested - 1`: the overhead over the bytes the program
+    /// asked for, memcast's definition (its `reserved_overhead`), so the two compare on
+    /// one footing; `None` without `peak_requested`.
+    pub fn requested_overhead(&self) -> Option<f64> {
+        self.peak_requested
+            .filter(|&r| r > 0)
+            .map(|r| self.peak_reserved as f64 / r as f64 - 1.0)
+    }
+
+    /// [`Self::requested_overhead`] where the figures have it, else
+    /// [`Self::reserved_overhead`].
+    pub fn comparable_overhead(&self) -> f64 {
+        self.requested_overhead()
+            .unwrap_or_else(|| self.reserved_overhead())
     }
 }
 
@@ -87,6 +108,28 @@ pub fn get(name: &str) -> Option<&'static Bundled> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn overheads_over_requested_and_over_allocated() {
+        let line = r#"{"name": "w", "allocator": "pytorch-native", "peak_allocated": 1100,
+            "peak_reserved": 1210, "peak_requested": 1000, "num_device_alloc": 3, "num_device_free": 0}"#;
+        let f: super::PytorchFigures = serde_json::from_str(line).unwrap();
+        assert!((f.reserved_overhead() - 0.1).abs() < 1e-12);
+        assert!((f.requested_overhead().unwrap() - 0.21).abs() < 1e-12);
+        assert_eq!(f.comparable_overhead(), f.requested_overhead().unwrap());
+        // The bundled figures have no requested peak: PyTorch's own figure stands.
+        let old = super::PytorchFigures {
+            peak_requested: None,
+            ..f.clone()
+        };
+        assert_eq!(old.requested_overhead(), None);
+        assert_eq!(old.comparable_overhead(), old.reserved_overhead());
+        let zero = super::PytorchFigures {
+            peak_requested: Some(0),
+            ..f
+        };
+        assert_eq!(zero.requested_overhead(), None);
+    }
+
     #[test]
     fn every_bundled_trace_decodes_and_is_valid() {
         for b in super::ALL {
