@@ -268,12 +268,17 @@ impl<B: DeviceBackend> TierManager<B> {
                 alloc, transfer, ..
             } => {
                 self.stats.prefetch_late += 1;
+                let t0 = self.stats.transfer_stall_us;
                 self.wait_for(transfer)?;
+                self.stats.late_prefetch_us += self.stats.transfer_stall_us - t0;
                 alloc.ptr
             }
             Place::Host { host } => {
                 let bytes = e.bytes;
-                self.fault_in(h, bytes, host)?
+                let t0 = self.stats.transfer_stall_us;
+                let p = self.fault_in(h, bytes, host)?;
+                self.stats.fault_us += self.stats.transfer_stall_us - t0;
+                p
             }
             Place::Dropped => self.recompute_in(h)?,
         })
