@@ -225,6 +225,7 @@ fn run<B: DeviceBackend>(
             let mut p = Planner::new(cfg.low_watermark, None);
             p.drops = actions.recompute;
             p.link.occupancy = cfg.plan_occupancy;
+            p.defer_wraps = cfg.plan_defer_wraps;
             m.set_planner(p);
         }
     }
