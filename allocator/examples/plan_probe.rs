@@ -3,7 +3,8 @@
 //! out-of-memory path), the bytes each direction of the link carried against the
 //! compute time, on the bundled static training traces (or those named).
 //!
-//! `cargo run --release -p memcast-alloc --example plan_probe [TRACE...]`
+//! `cargo run --release -p memcast-alloc --example plan_probe [anatomy] [TRACE...]` (a
+//! bundled trace's name, or a `.mctrace` path)
 
 use memcast_alloc::config::Actions;
 use memcast_alloc::replay::ReplayForecaster;
@@ -138,25 +139,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("plan, oracle", Some((ReplayForecaster::Oracle, plan))),
         ("plan, same shape", Some((ReplayForecaster::None, plan))),
     ];
-    println!("| trace | policy | stall | floor | oom: wait out / own spills / wait in | late / fault | spilled (oom) | out-link / compute | prefetched | cancelled | faults | late | planned spills / skipped |");
+    println!("| trace | policy | stall | floor | oom: wait out / own spills / wait in | late / fault | spilled (oom) | out-link / compute | prefetched (faulted) | cancelled | faults | late | planned spills / skipped |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut traces = Vec::new();
     for b in memcast_trace::bundled::ALL {
         let t = b.load()?;
-        if !names.iter().any(|n| *n == t.meta.name) {
-            continue;
+        if names.iter().any(|n| *n == t.meta.name) {
+            traces.push(t);
         }
+    }
+    for n in names.iter().filter(|n| n.ends_with(".mctrace")) {
+        traces.push(memcast_trace::io::load_trace(std::path::Path::new(n))?);
+    }
+    for t in &traces {
         for (label, p) in rows {
             let opts = TierReplayOptions {
                 budget: Budget::Fraction(0.6),
                 predictive: p,
                 ..Default::default()
             };
-            let r = replay_budgeted(&t, &opts)?;
+            let r = replay_budgeted(t, &opts)?;
             let c = r.compute_us.max(1.0);
             // The sim's pinned rate for large copies, each way alone (~55 GB/s).
             let out_us = r.spilled_bytes as f64 / 55.0e3;
             println!(
-                "| {} | {} | {:.2} | {:.2} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} | {:.1} ({:.1}) GB | {:.2} | {:.1} GB | {} | {} | {} | {} / {} |",
+                "| {} | {} | {:.2} | {:.2} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} | {:.1} ({:.1}) GB | {:.2} | {:.1} ({:.1}) GB | {} | {} | {} | {} / {} |",
                 t.meta.name,
                 label,
                 r.stall_overhead,
@@ -170,6 +177,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 r.oom_spilled_bytes as f64 / 1e9,
                 out_us / c,
                 r.prefetched_bytes as f64 / 1e9,
+                r.fault_bytes as f64 / 1e9,
                 r.cancelled_spills,
                 r.faults,
                 r.late_prefetches,

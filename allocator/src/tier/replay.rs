@@ -513,6 +513,7 @@ fn run<B: DeviceBackend>(
         oom_wait_in_us: s.oom_wait_in_us,
         late_prefetch_us: s.late_prefetch_us,
         fault_us: s.fault_us,
+        fault_bytes: s.fault_bytes,
         stall_overhead: if compute_us > 0.0 {
             stall_us / compute_us
         } else {

@@ -40,6 +40,8 @@ pub struct TierReport {
     pub oom_wait_in_us: f64,
     pub late_prefetch_us: f64,
     pub fault_us: f64,
+    /// Bytes faulted in (synchronously, on access).
+    pub fault_bytes: u64,
     pub stall_overhead: f64,
     /// The link-bound floor: the stall no policy can avoid if every byte above the
     /// budget leaves and comes back once per iteration over the measured pinned
