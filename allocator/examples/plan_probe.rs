@@ -3,8 +3,9 @@
 //! out-of-memory path), the bytes each direction of the link carried against the
 //! compute time, on the bundled static training traces (or those named).
 //!
-//! `cargo run --release -p memcast-alloc --example plan_probe [anatomy] [TRACE...]` (a
-//! bundled trace's name, or a `.mctrace` path)
+//! `cargo run --release -p memcast-alloc --example plan_probe [anatomy] [nodefer] [TRACE...]`
+//! (a bundled trace's name, or a `.mctrace` path; `nodefer`: `TierConfig::plan_defer_wraps`
+//! off)
 
 use memcast_alloc::config::Actions;
 use memcast_alloc::replay::ReplayForecaster;
@@ -116,6 +117,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if anat {
         names.remove(0);
     }
+    let defer = !names.iter().any(|n| n == "nodefer");
+    names.retain(|n| n != "nodefer");
     let names = if names.is_empty() {
         vec![
             "resnet50_b64_train".to_string(),
@@ -153,11 +156,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     for t in &traces {
         for (label, p) in rows {
-            let opts = TierReplayOptions {
+            let mut opts = TierReplayOptions {
                 budget: Budget::Fraction(0.6),
                 predictive: p,
                 ..Default::default()
             };
+            opts.tier.plan_defer_wraps = defer;
             let r = replay_budgeted(t, &opts)?;
             let c = r.compute_us.max(1.0);
             // The sim's pinned rate for large copies, each way alone (~55 GB/s).
