@@ -19,7 +19,7 @@ fn anatomy(names: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     println!("| trace | it | span ms | peak GB | E GB | E/bw ms | t_peak/span | floor before/after ms | plan0.8 GB (before peak) | plan1.0 GB (before peak) | moves | above-budget time frac |");
     for b in memcast_trace::bundled::ALL {
         let t = b.load()?;
-        if !names.iter().any(|n| *n == t.meta.name) {
+        if !names.contains(&t.meta.name) {
             continue;
         }
         let peak = memcast_trace::stats::TraceStats::compute(&t)?.peak_requested_bytes;
@@ -84,9 +84,24 @@ fn anatomy(names: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             for c in [0.8, 1.0] {
                 let p = plan(tr, (c * budget as f64) as u64, LinkModel::default());
                 let w: u64 = p.moves.iter().filter(|m| m.wraps).map(|m| m.bytes).sum();
-                let pre: u64 = p.moves.iter().filter(|m| !m.wraps && m.needed_at <= at).map(|m| m.bytes).sum();
-                let cross: u64 = p.moves.iter().filter(|m| !m.wraps && m.spill_after < at && m.needed_at > at).map(|m| m.bytes).sum();
-                let post: u64 = p.moves.iter().filter(|m| !m.wraps && m.spill_after >= at).map(|m| m.bytes).sum();
+                let pre: u64 = p
+                    .moves
+                    .iter()
+                    .filter(|m| !m.wraps && m.needed_at <= at)
+                    .map(|m| m.bytes)
+                    .sum();
+                let cross: u64 = p
+                    .moves
+                    .iter()
+                    .filter(|m| !m.wraps && m.spill_after < at && m.needed_at > at)
+                    .map(|m| m.bytes)
+                    .sum();
+                let post: u64 = p
+                    .moves
+                    .iter()
+                    .filter(|m| !m.wraps && m.spill_after >= at)
+                    .map(|m| m.bytes)
+                    .sum();
                 print!("cap {c}: wrap {:.2} before-peak-only {:.2} across-peak {:.2} after-peak {:.2}; ", w as f64 / 1e9, pre as f64 / 1e9, cross as f64 / 1e9, post as f64 / 1e9);
             }
             let link = LinkModel::default();
@@ -94,7 +109,12 @@ fn anatomy(names: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             let pl = |c: f64| {
                 let p = plan(tr, (c * budget as f64) as u64, link);
                 let all: u64 = p.moves.iter().map(|m| m.bytes).sum();
-                let before: u64 = p.moves.iter().filter(|m| m.spill_after < at).map(|m| m.bytes).sum();
+                let before: u64 = p
+                    .moves
+                    .iter()
+                    .filter(|m| m.spill_after < at)
+                    .map(|m| m.bytes)
+                    .sum();
                 (all as f64 / 1e9, before as f64 / 1e9, p.moves.len())
             };
             let (a8, b8, n8) = pl(0.8);
@@ -138,7 +158,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     type Row = (&'static str, Option<(ReplayForecaster, Actions)>);
     let rows: [Row; 4] = [
         ("reactive", None),
-        ("predictive, lstm", Some((ReplayForecaster::Lstm, Actions::default()))),
+        (
+            "predictive, lstm",
+            Some((ReplayForecaster::Lstm, Actions::default())),
+        ),
         ("plan, oracle", Some((ReplayForecaster::Oracle, plan))),
         ("plan, same shape", Some((ReplayForecaster::None, plan))),
     ];
@@ -147,7 +170,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut traces = Vec::new();
     for b in memcast_trace::bundled::ALL {
         let t = b.load()?;
-        if names.iter().any(|n| *n == t.meta.name) {
+        if names.contains(&t.meta.name) {
             traces.push(t);
         }
     }

@@ -207,7 +207,7 @@ impl Planner {
         // A dropped tensor comes back by its recompute, not by a prefetch.
         let defer = self.defer_wraps;
         let mut by_prefetch: Vec<usize> = (0..plan.moves.len())
-            .filter(|&i| !plan.moves[i].drop && !(defer && plan.moves[i].wraps))
+            .filter(|&i| !(plan.moves[i].drop || defer && plan.moves[i].wraps))
             .collect();
         by_prefetch.sort_by_key(|&i| (plan.moves[i].prefetch_at, plan.moves[i].needed_at));
         self.by_prefetch = by_prefetch;

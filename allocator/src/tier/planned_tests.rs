@@ -105,6 +105,9 @@ fn a_wrapped_move_comes_back_at_the_next_iteration_start() {
         assert!(back(&after), "deferred: after the boundary {after:?}");
     }
     for (before, _) in weight_at_boundaries(false) {
-        assert!(back(&before), "not deferred: before the boundary {before:?}");
+        assert!(
+            back(&before),
+            "not deferred: before the boundary {before:?}"
+        );
     }
 }
