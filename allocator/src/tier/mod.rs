@@ -49,6 +49,7 @@ pub mod occupancy;
 pub mod planned;
 pub mod predictive;
 pub mod prefetch;
+mod prefetching;
 mod pressure;
 pub mod recompute;
 pub mod replay;
