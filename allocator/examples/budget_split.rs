@@ -3,9 +3,11 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
-//! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`).
+//! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
+//! `nodefer`: plans bring wrapped moves back within their iteration,
+//! `TierConfig::plan_defer_wraps` off).
 
 use memcast_alloc::config::Actions;
 use memcast_alloc::replay::ReplayForecaster;
@@ -21,7 +23,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(2)
         .unwrap_or_else(|| "60%".into())
         .parse()?;
-    let occupancy = std::env::args().nth(3).as_deref() == Some("occupancy");
+    let flag = |f: &str| std::env::args().skip(3).any(|a| a == f);
+    let (occupancy, defer) = (flag("occupancy"), !flag("nodefer"));
     let corpus = Corpus::load(std::path::Path::new("training-data/corpus/manifest.tsv"))?;
     let plan = Actions {
         plan: true,
@@ -64,6 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ..Default::default()
             };
             opts.tier.plan_occupancy = occupancy;
+            opts.tier.plan_defer_wraps = defer;
             let r = replay_budgeted(&t, &opts)?;
             floor = r.peak_floor_overhead;
             sums[i + 1] += r.stall_overhead;

@@ -5,9 +5,11 @@
 //! (the traces with producers and recompute costs) with and without recomputation,
 //! after the synthetic BERT and MobileNet presets the default was chosen on.
 //!
-//! `cargo run --release -p memcast-alloc --example predictive_tables [nobudget|budget|ablation|recompute] [BUDGET] [occupancy]`
+//! `cargo run --release -p memcast-alloc --example predictive_tables [nobudget|budget|ablation|recompute] [BUDGET] [occupancy] [nodefer]`
 //! (`BUDGET`: a share of each trace's peak, default `60%`; `occupancy`: the `budget`
-//! table with plans that model the link's occupancy, `TierConfig::plan_occupancy`).
+//! table with plans that model the link's occupancy, `TierConfig::plan_occupancy`;
+//! `nodefer`: plans bring wrapped moves back within their iteration,
+//! `TierConfig::plan_defer_wraps` off).
 
 use memcast_alloc::config::Actions;
 use memcast_alloc::replay::{replay, Policy, ReplayForecaster, ReplayOptions, ReplayReport};
@@ -67,7 +69,9 @@ fn budgeted(
         predictive: p,
         ..Default::default()
     };
-    opts.tier.plan_occupancy = std::env::args().nth(3).as_deref() == Some("occupancy");
+    let flag = |f: &str| std::env::args().skip(3).any(|a| a == f);
+    opts.tier.plan_occupancy = flag("occupancy");
+    opts.tier.plan_defer_wraps = !flag("nodefer");
     Ok(replay_budgeted(t, &opts)?)
 }
 

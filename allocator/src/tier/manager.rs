@@ -16,7 +16,7 @@ use crate::backend::{DeviceBackend, DevicePtr, MemRef};
 use crate::pool::{Allocation, Allocator};
 
 use super::handle::{Entry, Place, Registry, TensorHandle, TensorKey, MAX_K};
-use super::prefetch::{PrefetchPolicy, PrefetchView, PreviousIterationOrder, Residency};
+use super::prefetch::{PrefetchPolicy, PreviousIterationOrder};
 use super::schedule::OpUse;
 use super::spill::{LinkCost, LruK, MigrationCost, SpillPolicy};
 use super::staging::{HostLoc, StagingPool};
@@ -268,12 +268,17 @@ impl<B: DeviceBackend> TierManager<B> {
                 alloc, transfer, ..
             } => {
                 self.stats.prefetch_late += 1;
+                let t0 = self.stats.transfer_stall_us;
                 self.wait_for(transfer)?;
+                self.stats.late_prefetch_us += self.stats.transfer_stall_us - t0;
                 alloc.ptr
             }
             Place::Host { host } => {
                 let bytes = e.bytes;
-                self.fault_in(h, bytes, host)?
+                let t0 = self.stats.transfer_stall_us;
+                let p = self.fault_in(h, bytes, host)?;
+                self.stats.fault_us += self.stats.transfer_stall_us - t0;
+                p
             }
             Place::Dropped => self.recompute_in(h)?,
         })
@@ -646,45 +651,6 @@ impl<B: DeviceBackend> TierManager<B> {
         Ok(alloc.ptr)
     }
 
-    /// Headroom for prefetches: `prefetch_watermark x budget - device bytes in use`,
-    /// counting spills in flight as still in use.
-    fn prefetch_headroom(&self) -> u64 {
-        let limit = (self.cfg.prefetch_watermark * self.cfg.budget as f64) as u64;
-        limit.saturating_sub(self.alloc.stats().allocated.current)
-    }
-
-    pub(crate) fn run_prefetcher(&mut self) -> Result<(), TierError> {
-        let headroom = self.prefetch_headroom();
-        if headroom == 0 {
-            return Ok(());
-        }
-        let mut plan = std::mem::take(&mut self.plan);
-        plan.clear();
-        {
-            let view = View {
-                reg: &self.reg,
-                ordinals: &self.ordinals,
-            };
-            self.prefetch.plan(&view, headroom, &mut plan);
-        }
-        if self.planner.is_some() {
-            plan.retain(|&h| !self.plan_holds(h));
-        }
-        let mut r = Ok(());
-        for &h in &plan {
-            match self.start_prefetch(h) {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(e) => {
-                    r = Err(e);
-                    break;
-                }
-            }
-        }
-        self.plan = plan;
-        r
-    }
-
     /// With the `check-invariants` feature: check after every public operation.
     #[inline]
     fn debug_check(&self) {
@@ -697,39 +663,5 @@ impl<B: DeviceBackend> TierManager<B> {
     /// Device address of a tensor that is on the device now (no movement).
     pub fn device_ptr(&self, h: TensorHandle) -> Result<Option<DevicePtr>, TierError> {
         Ok(self.reg.get(h)?.place.device().map(|a: Allocation| a.ptr))
-    }
-}
-
-impl<B: DeviceBackend> TierManager<B> {
-    /// The registry as a prefetch policy sees it.
-    pub(crate) fn view(&self) -> impl PrefetchView + '_ {
-        View {
-            reg: &self.reg,
-            ordinals: &self.ordinals,
-        }
-    }
-}
-
-/// The registry as the prefetch policy sees it.
-struct View<'a> {
-    reg: &'a Registry,
-    ordinals: &'a [TensorHandle],
-}
-
-impl PrefetchView for View<'_> {
-    fn lookup(&self, key: TensorKey) -> Option<(TensorHandle, Residency, u64)> {
-        let h = match key {
-            TensorKey::Persistent(h) => h,
-            TensorKey::Ordinal(n) => *self.ordinals.get(n as usize)?,
-        };
-        let e = self.reg.get(h).ok()?;
-        let r = match e.place {
-            Place::Device { .. } => Residency::Device,
-            Place::Host { .. } => Residency::Host,
-            Place::PrefetchingIn { .. } => Residency::Incoming,
-            Place::SpillingOut { .. } => Residency::Outgoing,
-            Place::Dropped => Residency::Dropped,
-        };
-        Some((h, r, e.bytes))
     }
 }

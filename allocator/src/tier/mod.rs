@@ -49,6 +49,7 @@ pub mod occupancy;
 pub mod planned;
 pub mod predictive;
 pub mod prefetch;
+mod prefetching;
 mod pressure;
 pub mod recompute;
 pub mod replay;
@@ -105,6 +106,11 @@ pub struct TierConfig {
     /// ([`schedule::LinkModel::occupancy`]); off by default: not better on the
     /// corpus's validation split (docs/predictive.md).
     pub plan_occupancy: bool,
+    /// Iteration plans bring a tensor whose gap wraps (last used in this iteration,
+    /// next in the next one: weights read in the forward only) back from the next
+    /// iteration's start instead of by this one's end, when the link in is busy with
+    /// the backward's tensors ([`planned`]); on by default (docs/predictive.md).
+    pub plan_defer_wraps: bool,
 }
 
 impl Default for TierConfig {
@@ -120,6 +126,7 @@ impl Default for TierConfig {
             protect_upcoming: false,
             recompute: false,
             plan_occupancy: false,
+            plan_defer_wraps: true,
         }
     }
 }

@@ -58,15 +58,19 @@ impl<B: DeviceBackend> TierManager<B> {
                 Err(e) => return Err(e.into()),
             }
             // Out of memory: make room, in order of increasing cost.
+            let t0 = self.stats.transfer_stall_us;
             if let Some(id) = self.pipe.oldest_out() {
                 self.wait_for(id)?;
+                self.stats.oom_wait_out_us += self.stats.transfer_stall_us - t0;
                 continue;
             }
             if stage == 0 {
                 let issued = self.spill_batch(bytes, false, true)?;
                 if issued > 0 {
                     self.stats.sync_spills += 1;
+                    self.stats.oom_spilled_bytes += issued;
                     self.wait_spills()?;
+                    self.stats.oom_spill_us += self.stats.transfer_stall_us - t0;
                     continue;
                 }
                 stage = 1;
@@ -79,6 +83,7 @@ impl<B: DeviceBackend> TierManager<B> {
                     self.synchronize()?;
                     waited = true;
                 }
+                self.stats.oom_wait_in_us += self.stats.transfer_stall_us - t0;
                 stage = 2;
                 if waited {
                     continue;
@@ -88,7 +93,9 @@ impl<B: DeviceBackend> TierManager<B> {
                 let issued = self.spill_batch(bytes, true, true)?;
                 if issued > 0 {
                     self.stats.sync_spills += 1;
+                    self.stats.oom_spilled_bytes += issued;
                     self.wait_spills()?;
+                    self.stats.oom_spill_us += self.stats.transfer_stall_us - t0;
                     stage = 0;
                     continue;
                 }

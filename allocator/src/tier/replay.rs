@@ -225,6 +225,7 @@ fn run<B: DeviceBackend>(
             let mut p = Planner::new(cfg.low_watermark, None);
             p.drops = actions.recompute;
             p.link.occupancy = cfg.plan_occupancy;
+            p.defer_wraps = cfg.plan_defer_wraps;
             m.set_planner(p);
         }
     }
@@ -505,6 +506,14 @@ fn run<B: DeviceBackend>(
         compute_us,
         stall_us,
         transfer_stall_us: s.transfer_stall_us,
+        access_stall_us: s.access_stall_us,
+        oom_wait_out_us: s.oom_wait_out_us,
+        oom_spill_us: s.oom_spill_us,
+        oom_spilled_bytes: s.oom_spilled_bytes,
+        oom_wait_in_us: s.oom_wait_in_us,
+        late_prefetch_us: s.late_prefetch_us,
+        fault_us: s.fault_us,
+        fault_bytes: s.fault_bytes,
         stall_overhead: if compute_us > 0.0 {
             stall_us / compute_us
         } else {
@@ -530,6 +539,7 @@ fn run<B: DeviceBackend>(
         planned_drops: plan_stats.drops,
         planned_prefetches: plan_stats.prefetches,
         planned_replans: plan_stats.replans,
+        planned_skipped: plan_stats.skipped,
         drops: s.drops,
         dropped_bytes: s.dropped_bytes,
         recomputes: s.recomputes,

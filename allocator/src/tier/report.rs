@@ -28,6 +28,20 @@ pub struct TierReport {
     pub compute_us: f64,
     pub stall_us: f64,
     pub transfer_stall_us: f64,
+    /// Of `transfer_stall_us`, the part spent in accesses (faults and late prefetches);
+    /// the rest was spent making room for allocations (the out-of-memory path).
+    pub access_stall_us: f64,
+    /// The parts of the transfer stall: the out-of-memory path waiting for spills in
+    /// flight, for its own spills (and their bytes), for prefetches in flight; late
+    /// prefetches and faults.
+    pub oom_wait_out_us: f64,
+    pub oom_spill_us: f64,
+    pub oom_spilled_bytes: u64,
+    pub oom_wait_in_us: f64,
+    pub late_prefetch_us: f64,
+    pub fault_us: f64,
+    /// Bytes faulted in (synchronously, on access).
+    pub fault_bytes: u64,
     pub stall_overhead: f64,
     /// The link-bound floor: the stall no policy can avoid if every byte above the
     /// budget leaves and comes back once per iteration over the measured pinned
@@ -58,6 +72,9 @@ pub struct TierReport {
     /// Plans replaced within an iteration by one from an earlier iteration of the same
     /// shape (its first allocations).
     pub planned_replans: u64,
+    /// Planned moves skipped at run time (the tensor gone, elsewhere, or of other
+    /// bytes than planned).
+    pub planned_skipped: u64,
     /// Tensors dropped instead of spilled (`TierConfig::recompute` or the `recompute`
     /// action) and their bytes; recomputes of dropped tensors, their bytes and their
     /// compute time (part of `stall_us`, not of `transfer_stall_us`).

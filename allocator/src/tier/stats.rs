@@ -42,6 +42,16 @@ pub struct TierStats {
     /// Of `transfer_stall_us`, the part spent in accesses (faults and late
     /// prefetches); the rest was spent making room for allocations.
     pub access_stall_us: f64,
+    /// Of the stall spent making room (the out-of-memory path): waiting for spills
+    /// already in flight, for the spills the path issued itself (and their bytes),
+    /// and for prefetches in flight.
+    pub oom_wait_out_us: f64,
+    pub oom_spill_us: f64,
+    pub oom_spilled_bytes: u64,
+    pub oom_wait_in_us: f64,
+    /// Of the access stall: waiting for late prefetches, and faults.
+    pub late_prefetch_us: f64,
+    pub fault_us: f64,
     /// Tensors dropped instead of spilled, and their bytes.
     pub drops: u64,
     pub dropped_bytes: u64,

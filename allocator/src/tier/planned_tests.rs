@@ -1,0 +1,113 @@
+//! Run-time rules of planned tiers (`planned.rs`), on plans from trajectories the test
+//! writes (the oracle's path), so that the plan does not depend on the host clock.
+
+use crate::tier::handle::{Place, TensorKey};
+use crate::tier::manager::TensorOpts;
+use crate::tier::planned::Planner;
+use crate::tier::schedule::{LoggedOp, OpUse, Trajectory};
+use crate::tier::tests::{manager, pattern, read, write};
+
+const KIB: u64 = 1 << 10;
+const ACTS: u32 = 12;
+
+/// One iteration as the manager logs it: a read of the weight `w` (a forward that
+/// uses it only there), twelve 128 KiB activations written, then read and freed in
+/// reverse (the backward). 10 us per operation.
+fn iteration(w: crate::tier::TensorHandle, w_bytes: u64) -> Trajectory {
+    let mut ops = vec![(TensorKey::Persistent(w), w_bytes, OpUse::Access)];
+    for i in 0..ACTS {
+        ops.push((TensorKey::Ordinal(i), 128 * KIB, OpUse::Alloc));
+        ops.push((TensorKey::Ordinal(i), 128 * KIB, OpUse::Access));
+    }
+    for i in (0..ACTS).rev() {
+        ops.push((TensorKey::Ordinal(i), 128 * KIB, OpUse::Access));
+        ops.push((TensorKey::Ordinal(i), 128 * KIB, OpUse::Free));
+    }
+    let n = ops.len();
+    Trajectory {
+        ops: ops
+            .into_iter()
+            .enumerate()
+            .map(|(p, (key, bytes, kind))| LoggedOp {
+                key,
+                bytes,
+                kind,
+                t: 10.0 * p as f64,
+            })
+            .collect(),
+        base: w_bytes,
+        span_us: 10.0 * n as f64,
+        ..Default::default()
+    }
+}
+
+/// Runs six iterations of [`iteration`] with the oracle's plan; returns, for each
+/// iteration with a plan, where the weight was just before the boundary and just
+/// after it. The weight's bytes are checked at every read.
+fn weight_at_boundaries(defer: bool) -> Vec<(Place, Place)> {
+    let (mut m, _) = manager(3);
+    let mut p = Planner::new(0.8, None);
+    p.defer_wraps = defer;
+    m.set_planner(p);
+    let w_bytes = 256 * KIB;
+    let w = m
+        .register(
+            w_bytes,
+            TensorOpts {
+                persistent: true,
+                ..TensorOpts::default()
+            },
+        )
+        .unwrap();
+    let w_data = pattern(99, w_bytes);
+    write(&mut m, w, &w_data).unwrap();
+    m.end_step();
+    m.set_next_trajectory(iteration(w, w_bytes));
+    m.iteration_boundary().unwrap();
+    let mut at = Vec::new();
+    for it in 0..6u64 {
+        assert_eq!(read(&mut m, w).unwrap(), w_data, "iteration {it}");
+        m.end_step();
+        let mut live = Vec::new();
+        for i in 0..ACTS {
+            let h = m.register(128 * KIB, TensorOpts::default()).unwrap();
+            let data = pattern(it * 100 + u64::from(i), 128 * KIB);
+            write(&mut m, h, &data).unwrap();
+            m.end_step();
+            live.push((h, data));
+        }
+        while let Some((h, data)) = live.pop() {
+            assert_eq!(read(&mut m, h).unwrap(), data, "iteration {it}");
+            m.end_step();
+            m.free(h).unwrap();
+        }
+        m.check_invariants().unwrap();
+        let before = m.place(w).unwrap();
+        m.set_next_trajectory(iteration(w, w_bytes));
+        m.iteration_boundary().unwrap();
+        at.push((before, m.place(w).unwrap()));
+    }
+    let s = &m.planner().unwrap().stats;
+    assert!(s.spills >= 6 && s.prefetches >= 5, "{s:?}");
+    at
+}
+
+/// The weight's gap wraps (read in the forward, next in the next forward): the plan
+/// spills it after its read to cover the activations' peak. With `defer_wraps` it is
+/// still off the device at the iteration's end and due from the next one's start;
+/// without, it is brought back within the iteration (by its end).
+#[test]
+fn a_wrapped_move_comes_back_at_the_next_iteration_start() {
+    let off = |p: &Place| matches!(p, Place::Host { .. } | Place::SpillingOut { .. });
+    let back = |p: &Place| matches!(p, Place::Device { .. } | Place::PrefetchingIn { .. });
+    for (before, after) in weight_at_boundaries(true) {
+        assert!(off(&before), "deferred: before the boundary {before:?}");
+        assert!(back(&after), "deferred: after the boundary {after:?}");
+    }
+    for (before, _) in weight_at_boundaries(false) {
+        assert!(
+            back(&before),
+            "not deferred: before the boundary {before:?}"
+        );
+    }
+}
