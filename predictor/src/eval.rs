@@ -42,6 +42,24 @@ pub struct Metrics {
     pub under_rate: f64,
 }
 
+impl Metrics {
+    /// The metrics of `(actual, forecast)` pairs (0 where there are none). O(pairs).
+    pub fn of(pairs: impl IntoIterator<Item = (f64, f64)>) -> Self {
+        let (mut abs, mut tot, mut under, mut k) = (0.0, 0.0, 0usize, 0usize);
+        for (y, yhat) in pairs {
+            abs += (y - yhat).abs();
+            tot += y.abs();
+            under += (yhat < y) as usize;
+            k += 1;
+        }
+        Metrics {
+            wape: if tot > 0.0 { abs / tot } else { 0.0 },
+            mae: if k > 0 { abs / k as f64 } else { 0.0 },
+            under_rate: if k > 0 { under as f64 / k as f64 } else { 0.0 },
+        }
+    }
+}
+
 /// One method's metrics: averaged over the horizon, and per horizon.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MethodReport {
@@ -141,6 +159,23 @@ pub fn acf_period(x: &[f64]) -> Option<usize> {
     (best.0 > 0).then_some(best.0)
 }
 
+/// The step seasonal naive copies for step `t + h` on a trace without iteration
+/// markers: one autocorrelation period `p` back (whole periods past `t`), else step `t`
+/// (the last value).
+fn acf_source(t: usize, h: usize, period: Option<usize>) -> usize {
+    match period {
+        Some(p) => {
+            let back = p * h.div_ceil(p);
+            if t + h >= back {
+                t + h - back
+            } else {
+                t
+            }
+        }
+        None => t,
+    }
+}
+
 /// A forecaster under evaluation: `f(t, h)` = forecast of step `t + h` made after `t`.
 type Method<'a> = Box<dyn Fn(usize, usize) -> f64 + 'a>;
 
@@ -174,17 +209,12 @@ pub fn evaluate(series: &Series, model: Option<&mut EmbeddedLstm>) -> Result<Eva
         ),
         (
             "seasonal_naive",
-            Box::new(|t, h| match (has_iterations, period) {
-                (true, _) => series.records[t].seasonal[h - 1][CH_TOTAL] as f64,
-                (false, Some(p)) => {
-                    let back = p * h.div_ceil(p);
-                    if t + h >= back {
-                        y[t + h - back]
-                    } else {
-                        y[t]
-                    }
+            Box::new(|t, h| {
+                if has_iterations {
+                    series.records[t].seasonal[h - 1][CH_TOTAL] as f64
+                } else {
+                    y[acf_source(t, h, period)]
                 }
-                (false, None) => y[t],
             }),
         ),
         (
@@ -197,22 +227,9 @@ pub fn evaluate(series: &Series, model: Option<&mut EmbeddedLstm>) -> Result<Eva
     }
     let mut models = BTreeMap::new();
     for (name, f) in &methods {
-        let mut per_horizon = Vec::with_capacity(horizon);
-        for h in 1..=horizon {
-            let (mut abs, mut tot, mut under, mut k) = (0.0, 0.0, 0usize, 0usize);
-            for t in 0..n.saturating_sub(h) {
-                let (yt, yh) = (y[t + h], f(t, h));
-                abs += (yt - yh).abs();
-                tot += yt.abs();
-                under += (yh < yt) as usize;
-                k += 1;
-            }
-            per_horizon.push(Metrics {
-                wape: if tot > 0.0 { abs / tot } else { 0.0 },
-                mae: if k > 0 { abs / k as f64 } else { 0.0 },
-                under_rate: if k > 0 { under as f64 / k as f64 } else { 0.0 },
-            });
-        }
+        let per_horizon: Vec<Metrics> = (1..=horizon)
+            .map(|h| Metrics::of((0..n.saturating_sub(h)).map(|t| (y[t + h], f(t, h)))))
+            .collect();
         let avg =
             |g: fn(&Metrics) -> f64| per_horizon.iter().map(g).sum::<f64>() / horizon.max(1) as f64;
         models.insert(
@@ -271,13 +288,12 @@ fn evaluate_peak_rise(
             "seasonal_naive",
             Box::new(|t| {
                 let steps: Vec<[f64; CHANNELS]> = (1..=horizon)
-                    .map(|h| match (has_iterations, period) {
-                        (true, _) => series.records[t].seasonal[h - 1].map(|v| v as f64),
-                        (false, Some(p)) => {
-                            let back = p * h.div_ceil(p);
-                            step(if t + h >= back { t + h - back } else { t })
+                    .map(|h| {
+                        if has_iterations {
+                            series.records[t].seasonal[h - 1].map(|v| v as f64)
+                        } else {
+                            step(acf_source(t, h, period))
                         }
-                        (false, None) => step(t),
                     })
                     .collect();
                 rise(&steps)
@@ -297,24 +313,11 @@ fn evaluate_peak_rise(
     let actual: Vec<f64> = (0..n.saturating_sub(horizon))
         .map(|t| rise(&(t + 1..=t + horizon).map(step).collect::<Vec<_>>()))
         .collect();
-    let mut out = BTreeMap::new();
-    for (name, g) in &methods {
-        let (mut abs, mut tot, mut under) = (0.0, 0.0, 0usize);
-        for (t, &y) in actual.iter().enumerate() {
-            let yh = g(t);
-            abs += (y - yh).abs();
-            tot += y;
-            under += (yh < y) as usize;
-        }
-        let k = actual.len();
-        out.insert(
-            name.to_string(),
-            Metrics {
-                wape: if tot > 0.0 { abs / tot } else { 0.0 },
-                mae: if k > 0 { abs / k as f64 } else { 0.0 },
-                under_rate: if k > 0 { under as f64 / k as f64 } else { 0.0 },
-            },
-        );
-    }
-    out
+    methods
+        .iter()
+        .map(|(name, g)| {
+            let pairs = actual.iter().enumerate().map(|(t, &y)| (y, g(t)));
+            (name.to_string(), Metrics::of(pairs))
+        })
+        .collect()
 }
