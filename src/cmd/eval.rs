@@ -82,13 +82,11 @@ pub fn run(a: EvalArgs) -> Result<()> {
                 "MAE (bytes)",
                 "under"
             );
+            let row = |k: &str, wape: f64, mae: f64, under: f64| {
+                out!("  {k:<18} {wape:>8.4} {mae:>14.0} {under:>10.3}");
+            };
             for (k, m) in &r.models {
-                out!(
-                    "  {k:<18} {:>8.4} {:>14.0} {:>10.3}",
-                    m.wape,
-                    m.mae,
-                    m.under_rate
-                );
+                row(k, m.wape, m.mae, m.under_rate);
             }
             let (best, bw) = r.best_baseline();
             if let Some(l) = r.models.get("lstm") {
@@ -97,12 +95,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
             out!("  (requested bytes per step, horizons 1..{} averaged: WAPE = sum |actual - forecast| / sum actual; MAE = mean |actual - forecast|; under = under-forecast rate, the share of forecasts below the actual)", r.horizon);
             out!("  peak rise of live bytes over the horizon (what predictive mode grows and spills for):");
             for (k, m) in &r.peak_rise {
-                out!(
-                    "  {k:<18} {:>8.4} {:>14.0} {:>10.3}",
-                    m.wape,
-                    m.mae,
-                    m.under_rate
-                );
+                row(k, m.wape, m.mae, m.under_rate);
             }
             let (pbest, pbw) = r.best_peak_baseline();
             if let Some(l) = r.peak_rise.get("lstm") {
