@@ -3,9 +3,10 @@
 //! memcast reactive and in predictive mode with each forecaster; without a budget,
 //! under a budget, and the ablation of the actions; `recompute`: the synthetic presets
 //! (the traces with producers and recompute costs) with and without recomputation,
-//! after the synthetic BERT and MobileNet presets the default was chosen on.
+//! after the synthetic BERT and MobileNet presets the default was chosen on;
+//! `presplit`: the default actions with and without `presplit`, by forecaster.
 //!
-//! `cargo run --release -p memcast-alloc --example predictive_tables [nobudget|budget|ablation|recompute] [BUDGET] [occupancy] [nodefer]`
+//! `cargo run --release -p memcast-alloc --example predictive_tables [nobudget|budget|ablation|recompute|presplit] [BUDGET] [occupancy] [nodefer]`
 //! (`BUDGET`: a share of each trace's peak, default `60%`; `occupancy`: the `budget`
 //! table with plans that model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
@@ -154,12 +155,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "ablation" => {
             // Without a budget the actions are grow and release; under one, spill and
             // prefetch. Each alone, then all, with the lstm and the oracle.
-            let sets: [(&str, Actions); 8] = [
+            let sets: [(&str, Actions); 9] = [
                 ("none", Actions::none()),
                 (
                     "grow",
                     Actions {
                         grow: true,
+                        ..Actions::none()
+                    },
+                ),
+                (
+                    "presplit",
+                    Actions {
+                        presplit: true,
                         ..Actions::none()
                     },
                 ),
@@ -234,10 +242,52 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         "recompute" => recompute_table(budget)?,
+        "presplit" => {
+            println!("| trace | actions, forecaster | overhead | mean reserved | device calls in requests (after iteration 1) | mean frag. | events/s |");
+            println!("|---|---|---:|---:|---:|---:|---:|");
+            let presplit = Actions {
+                presplit: true,
+                ..Actions::default()
+            };
+            for t in &traces {
+                for (label, a, f) in [
+                    ("default, lstm", Actions::default(), ReplayForecaster::Lstm),
+                    ("default, oracle", Actions::default(), ReplayForecaster::Oracle),
+                    ("+presplit, lstm", presplit, ReplayForecaster::Lstm),
+                    ("+presplit, seasonal", presplit, ReplayForecaster::Seasonal),
+                    ("+presplit, oracle", presplit, ReplayForecaster::Oracle),
+                ] {
+                    let r = replay(
+                        t,
+                        &ReplayOptions {
+                            policy: Policy::Predictive,
+                            forecaster: f,
+                            config: memcast_alloc::AllocConfig {
+                                predictive_actions: a,
+                                ..Default::default()
+                            },
+                            ..Default::default()
+                        },
+                    )?;
+                    println!(
+                        "| {} | {} | {:.2}% | {:.3} GB | {} ({}) | {:.3} | {:.1} M |",
+                        t.meta.name,
+                        label,
+                        100.0 * r.reserved_overhead,
+                        r.mean_reserved_bytes / 1e9,
+                        r.critical_path_device_calls,
+                        r.critical_path_device_calls_after_first_iteration,
+                        r.mean_fragmentation,
+                        r.events_per_sec / 1e6,
+                    );
+                }
+            }
+        }
         other => {
-            return Err(
-                format!("unknown table {other:?} (nobudget, budget, ablation, recompute)").into(),
+            return Err(format!(
+                "unknown table {other:?} (nobudget, budget, ablation, recompute, presplit)"
             )
+            .into())
         }
     }
     Ok(())

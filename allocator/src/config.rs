@@ -164,6 +164,16 @@ pub struct Actions {
     /// Grow before a forecast rise (off the request path), and size growth at a miss
     /// by the forecast peak.
     pub grow: bool,
+    /// Keep runs of the forecast sizes ready: planned placement (`placement:planned`,
+    /// docs/allocator.md), which lays out each large run of the next iteration at an
+    /// offset chosen for the whole iteration's requests, exact to the byte, so that
+    /// they are served without splitting or merging around them and survive every
+    /// cache flush. Its forecast of the next iteration is the last one of the run, or,
+    /// with the oracle forecaster in replay, the trace's true future (a profile of the
+    /// whole trace). The LSTM's per-group forecast gives no exact sizes, so it does not
+    /// drive this action.
+    #[serde(default)]
+    pub presplit: bool,
     /// Give free memory back after a peak when the forecast says the horizon will not
     /// need it.
     pub release: bool,
@@ -182,7 +192,9 @@ pub struct Actions {
 }
 
 impl Default for Actions {
-    /// `grow`, `spill`, `prefetch`, `plan` and `recompute`; `release` is off (like
+    /// `grow`, `spill`, `prefetch`, `plan` and `recompute`; `presplit` is off (planned
+    /// placement learned in the run changes little and costs host time on the
+    /// allocation path: docs/predictive.md, docs/allocator.md); `release` is off (like
     /// PyTorch, memory is kept once obtained unless asked: see docs/predictive.md for
     /// what release costs). `plan` was chosen on the corpus's validation split (mean
     /// stall overhead at 60% of peak: 0.591 with it, 0.614 without; docs/predictive.md).
@@ -193,6 +205,7 @@ impl Default for Actions {
     fn default() -> Self {
         Actions {
             grow: true,
+            presplit: false,
             release: false,
             spill: true,
             prefetch: true,
@@ -203,12 +216,20 @@ impl Default for Actions {
 }
 
 impl Actions {
-    pub const NAMES: [&'static str; 6] =
-        ["grow", "release", "spill", "prefetch", "plan", "recompute"];
+    pub const NAMES: [&'static str; 7] = [
+        "grow",
+        "presplit",
+        "release",
+        "spill",
+        "prefetch",
+        "plan",
+        "recompute",
+    ];
 
     pub fn none() -> Self {
         Actions {
             grow: false,
+            presplit: false,
             release: false,
             spill: false,
             prefetch: false,
@@ -219,6 +240,7 @@ impl Actions {
     pub fn all() -> Self {
         Actions {
             grow: true,
+            presplit: true,
             release: true,
             spill: true,
             prefetch: true,
@@ -234,6 +256,7 @@ impl Actions {
                 "all" => a = Actions::all(),
                 "none" => {}
                 "grow" => a.grow = true,
+                "presplit" => a.presplit = true,
                 "release" => a.release = true,
                 "spill" => a.spill = true,
                 "prefetch" => a.prefetch = true,
@@ -241,7 +264,7 @@ impl Actions {
                 "recompute" => a.recompute = true,
                 _ => {
                     return Err(AllocError::Config(format!(
-                        "predictive_actions: unknown action {w:?} (grow, release, spill, prefetch, plan, recompute, all, none)"
+                        "predictive_actions: unknown action {w:?} (grow, presplit, release, spill, prefetch, plan, recompute, all, none)"
                     )))
                 }
             }
@@ -252,6 +275,7 @@ impl Actions {
     pub fn label(&self) -> String {
         let on = [
             self.grow,
+            self.presplit,
             self.release,
             self.spill,
             self.prefetch,

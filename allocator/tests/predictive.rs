@@ -117,12 +117,13 @@ proptest! {
         kind in liar(),
         growable in any::<bool>(),
         release in any::<bool>(),
+        presplit in any::<bool>(),
         ops in proptest::collection::vec(op(), 1..300),
     ) {
         let cap = 96 * MIB;
         let cfg = AllocConfig {
             growable_segments: growable,
-            predictive_actions: Actions { release, ..Actions::all() },
+            predictive_actions: Actions { release, presplit, ..Actions::all() },
             // The slow liar runs on the service thread, the others inline.
             forecast_thread: matches!(kind, Liar::Slow),
             ..AllocConfig::default()
@@ -337,4 +338,59 @@ fn a_missing_or_corrupt_model_is_an_error_naming_the_file() {
     assert!(AllocConfig::default()
         .with_conf_string("horizon:9")
         .is_err());
+}
+
+#[test]
+fn presplit_lays_out_the_forecast_iteration_and_the_oracles_is_exact() {
+    // `presplit`: planned placement under predictive mode. With the oracle (the trace
+    // itself as the forecast of every iteration) a static training trace is served
+    // from its planned layout: far fewer device calls inside requests and less
+    // reserved above the requested peak than the same actions without it; with the
+    // LSTM it plans from the run's last iteration. Measured on ResNet-50: 89 -> 2
+    // calls, 1.11% -> 0.57% (oracle); the LSTM's 89 calls and 1.25% unchanged.
+    use memcast_alloc::replay::{replay, Policy, ReplayForecaster, ReplayOptions};
+    let t = memcast_trace::bundled::get("resnet50_b64_train")
+        .unwrap()
+        .load()
+        .unwrap();
+    let run = |presplit: bool, forecaster: ReplayForecaster| {
+        replay(
+            &t,
+            &ReplayOptions {
+                policy: Policy::Predictive,
+                forecaster,
+                config: AllocConfig {
+                    predictive_actions: Actions {
+                        presplit,
+                        ..Actions::default()
+                    },
+                    ..AllocConfig::default()
+                },
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let (off, on) = (
+        run(false, ReplayForecaster::Oracle),
+        run(true, ReplayForecaster::Oracle),
+    );
+    assert!(off.extra["placement"].is_null());
+    assert!(on.extra["placement"].is_object(), "{}", on.extra);
+    assert!(
+        on.critical_path_device_calls * 10 <= off.critical_path_device_calls,
+        "{} vs {}",
+        on.critical_path_device_calls,
+        off.critical_path_device_calls
+    );
+    assert!(on.reserved_overhead < off.reserved_overhead);
+    let lstm = run(true, ReplayForecaster::Lstm);
+    assert!(lstm.extra["placement"].is_object());
+    assert_eq!(lstm.peak_requested_bytes, on.peak_requested_bytes);
+    let a = AllocConfig::default()
+        .with_conf_string("predictive_actions:grow+presplit")
+        .unwrap()
+        .predictive_actions;
+    assert!(a.presplit && a.grow && !a.spill);
+    assert_eq!(a.label(), "grow+presplit");
 }

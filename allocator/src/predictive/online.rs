@@ -218,6 +218,10 @@ impl<B: DeviceBackend> Allocator<B> {
     ) -> Result<Self, AllocError> {
         let mut cfg = cfg;
         cfg.predictive = false;
+        if cfg.predictive_actions.presplit {
+            // Runs of the next iteration's sizes kept ready: planned placement.
+            cfg.placement = crate::config::Placement::Planned;
+        }
         let mut a = Allocator::new(backend, cfg.clone())?;
         cfg.predictive = true;
         let (online, growth) =

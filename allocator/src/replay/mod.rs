@@ -443,7 +443,13 @@ pub fn predictive_allocator<B: DeviceBackend>(
         .forecaster
         .build(&cfg, || allocator_events(trace))
         .map_err(fail)?;
-    Allocator::with_forecaster(backend, cfg, forecaster).map_err(fail)
+    let presplit = cfg.predictive_actions.presplit;
+    let mut a = Allocator::with_forecaster(backend, cfg, forecaster).map_err(fail)?;
+    if presplit && opts.forecaster == ReplayForecaster::Oracle {
+        // The oracle's forecast of every iteration: the trace itself, exact.
+        a.set_placement_profile(trace).map_err(fail)?;
+    }
+    Ok(a)
 }
 
 /// The event codes a replay's allocator records, in order: the static blocks'
