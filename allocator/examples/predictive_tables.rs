@@ -252,7 +252,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for t in &traces {
                 for (label, a, f) in [
                     ("default, lstm", Actions::default(), ReplayForecaster::Lstm),
-                    ("default, oracle", Actions::default(), ReplayForecaster::Oracle),
+                    (
+                        "default, oracle",
+                        Actions::default(),
+                        ReplayForecaster::Oracle,
+                    ),
                     ("+presplit, lstm", presplit, ReplayForecaster::Lstm),
                     ("+presplit, seasonal", presplit, ReplayForecaster::Seasonal),
                     ("+presplit, oracle", presplit, ReplayForecaster::Oracle),
