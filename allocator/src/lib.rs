@@ -53,6 +53,7 @@ mod shared;
 mod slab;
 pub mod stats;
 mod table;
+mod window;
 pub mod tier;
 
 pub use backend::{DeviceBackend, DevicePtr, StreamId};
@@ -61,3 +62,4 @@ pub use error::AllocError;
 pub use pool::{Allocation, Allocator};
 pub use shared::SharedAllocator;
 pub use stats::AllocStats;
+pub use window::Window;

@@ -111,6 +111,12 @@ pub struct TierConfig {
     /// iteration's start instead of by this one's end, when the link in is busy with
     /// the backward's tensors ([`planned`]); on by default (docs/predictive.md).
     pub plan_defer_wraps: bool,
+    /// On an out-of-memory retry with enough free bytes for the request (the failure
+    /// is fragmentation), spill exactly the tensors of the cheapest address window that
+    /// would hold the request (`Allocator::cheapest_window`, cost = the migration
+    /// cost), so one round of spills opens the block; the spill policy's order is the
+    /// fallback. Off by default (see docs/tiers.md).
+    pub oom_by_address: bool,
 }
 
 impl Default for TierConfig {
@@ -127,6 +133,7 @@ impl Default for TierConfig {
             recompute: false,
             plan_occupancy: false,
             plan_defer_wraps: true,
+            oom_by_address: false,
         }
     }
 }
