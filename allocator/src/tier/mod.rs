@@ -66,6 +66,8 @@ mod deferred;
 mod recompute_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod window_tests;
 
 use serde::{Deserialize, Serialize};
 
