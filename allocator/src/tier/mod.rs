@@ -117,7 +117,8 @@ pub struct TierConfig {
     /// is fragmentation), spill exactly the tensors of the cheapest address window that
     /// would hold the request (`Allocator::cheapest_window`, cost = the migration
     /// cost), so one round of spills opens the block; the spill policy's order is the
-    /// fallback. Off by default (see docs/tiers.md).
+    /// fallback. On by default: better mean stall on the corpus's validation split and
+    /// on the bundled traces, reactive and predictive (docs/tiers.md).
     pub oom_by_address: bool,
 }
 
@@ -135,7 +136,7 @@ impl Default for TierConfig {
             recompute: false,
             plan_occupancy: false,
             plan_defer_wraps: true,
-            oom_by_address: false,
+            oom_by_address: true,
         }
     }
 }
