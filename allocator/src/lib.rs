@@ -53,8 +53,8 @@ mod shared;
 mod slab;
 pub mod stats;
 mod table;
-mod window;
 pub mod tier;
+mod window;
 
 pub use backend::{DeviceBackend, DevicePtr, StreamId};
 pub use config::AllocConfig;

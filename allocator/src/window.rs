@@ -112,11 +112,7 @@ impl<B: DeviceBackend> Allocator<B> {
             span: w.iter().map(|b| b.1).sum(),
             // Summed again: the sweep's running sum carries rounding.
             cost: w.iter().filter_map(|b| b.3).map(|c| c.max(0.0)).sum(),
-            victims: w
-                .iter()
-                .filter(|b| !b.2)
-                .map(|b| DevicePtr(b.0))
-                .collect(),
+            victims: w.iter().filter(|b| !b.2).map(|b| DevicePtr(b.0)).collect(),
         })
     }
 }

@@ -218,8 +218,7 @@ impl<B: DeviceBackend> TierManager<B> {
         let warm_free = self.staging.free_bytes();
         let step = self.step;
         let next_use = self.spill.reads_next_use();
-        self
-            .reg
+        self.reg
             .iter()
             .filter(|(_, e)| {
                 matches!(e.place, Place::Device { .. })

@@ -60,7 +60,11 @@ fn fragmented(by_address: bool) -> (TierManager<SimBackend>, Vec<super::TensorHa
     m.backend_mut().advance_us(10.0);
     m.check_invariants().unwrap();
     let (free, largest) = m.allocator().free_and_largest();
-    assert_eq!((free, largest), (DEVICE / 2, SLOT), "the layout is not the one meant");
+    assert_eq!(
+        (free, largest),
+        (DEVICE / 2, SLOT),
+        "the layout is not the one meant"
+    );
     (m, by_addr)
 }
 
