@@ -336,6 +336,10 @@ fn recompute_table(budget: Budget) -> Result<(), Box<dyn std::error::Error>> {
                     ..Default::default()
                 };
                 opts.tier.recompute = reactive_recompute;
+                let flag = |f: &str| std::env::args().skip(3).any(|a| a == f);
+                if flag("byaddr") || flag("noaddr") {
+                    opts.tier.oom_by_address = flag("byaddr");
+                }
                 let r = replay_budgeted(&t, &opts)?;
                 logs[i] += r.stall_overhead.max(1e-9).ln();
                 println!(
