@@ -3,11 +3,12 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
 //! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
-//! `TierConfig::plan_defer_wraps` off).
+//! `TierConfig::plan_defer_wraps` off; `byaddr` / `noaddr`: `TierConfig::oom_by_address`
+//! on / off).
 
 use memcast_alloc::config::Actions;
 use memcast_alloc::replay::ReplayForecaster;
@@ -68,6 +69,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             opts.tier.plan_occupancy = occupancy;
             opts.tier.plan_defer_wraps = defer;
+            if flag("byaddr") || flag("noaddr") {
+                opts.tier.oom_by_address = flag("byaddr");
+            }
             let r = replay_budgeted(&t, &opts)?;
             floor = r.peak_floor_overhead;
             sums[i + 1] += r.stall_overhead;

@@ -6,11 +6,12 @@
 //! after the synthetic BERT and MobileNet presets the default was chosen on;
 //! `presplit`: the default actions with and without `presplit`, by forecaster.
 //!
-//! `cargo run --release -p memcast-alloc --example predictive_tables [nobudget|budget|ablation|recompute|presplit] [BUDGET] [occupancy] [nodefer]`
+//! `cargo run --release -p memcast-alloc --example predictive_tables [nobudget|budget|ablation|recompute|presplit] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr]`
 //! (`BUDGET`: a share of each trace's peak, default `60%`; `occupancy`: the `budget`
 //! table with plans that model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
-//! `TierConfig::plan_defer_wraps` off).
+//! `TierConfig::plan_defer_wraps` off; `byaddr` / `noaddr`: `TierConfig::oom_by_address`
+//! on / off).
 
 use memcast_alloc::config::Actions;
 use memcast_alloc::replay::{replay, Policy, ReplayForecaster, ReplayOptions, ReplayReport};
@@ -73,6 +74,9 @@ fn budgeted(
     let flag = |f: &str| std::env::args().skip(3).any(|a| a == f);
     opts.tier.plan_occupancy = flag("occupancy");
     opts.tier.plan_defer_wraps = !flag("nodefer");
+    if flag("byaddr") || flag("noaddr") {
+        opts.tier.oom_by_address = flag("byaddr");
+    }
     Ok(replay_budgeted(t, &opts)?)
 }
 
@@ -386,6 +390,10 @@ fn recompute_table(budget: Budget) -> Result<(), Box<dyn std::error::Error>> {
                     ..Default::default()
                 };
                 opts.tier.recompute = reactive_recompute;
+                let flag = |f: &str| std::env::args().skip(3).any(|a| a == f);
+                if flag("byaddr") || flag("noaddr") {
+                    opts.tier.oom_by_address = flag("byaddr");
+                }
                 let r = replay_budgeted(&t, &opts)?;
                 logs[i] += r.stall_overhead.max(1e-9).ln();
                 println!(

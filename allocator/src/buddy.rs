@@ -712,6 +712,12 @@ impl BuddyPool {
         (n.state == State::Used).then_some(n.owner)
     }
 
+    /// Every placement block of segment `seg` in address order: `(offset, length,
+    /// free)`. O(blocks of the segment).
+    pub fn blocks_of(&self, seg: u32) -> impl Iterator<Item = (u64, u64, bool)> + '_ {
+        self.ext.blocks_of(seg)
+    }
+
     /// The live segment containing device address `addr`, with the offset.
     pub fn segment_of(&self, addr: u64) -> Option<(u32, u64)> {
         self.live_segments()

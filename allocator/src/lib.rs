@@ -54,6 +54,7 @@ mod slab;
 pub mod stats;
 mod table;
 pub mod tier;
+mod window;
 
 pub use backend::{DeviceBackend, DevicePtr, StreamId};
 pub use config::AllocConfig;
@@ -61,3 +62,4 @@ pub use error::AllocError;
 pub use pool::{Allocation, Allocator};
 pub use shared::SharedAllocator;
 pub use stats::AllocStats;
+pub use window::Window;

@@ -66,6 +66,8 @@ mod deferred;
 mod recompute_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod window_tests;
 
 use serde::{Deserialize, Serialize};
 
@@ -111,6 +113,13 @@ pub struct TierConfig {
     /// iteration's start instead of by this one's end, when the link in is busy with
     /// the backward's tensors ([`planned`]); on by default (docs/predictive.md).
     pub plan_defer_wraps: bool,
+    /// On an out-of-memory retry with enough free bytes for the request (the failure
+    /// is fragmentation), spill exactly the tensors of the cheapest address window that
+    /// would hold the request (`Allocator::cheapest_window`, cost = the migration
+    /// cost), so one round of spills opens the block; the spill policy's order is the
+    /// fallback. On by default: better mean stall on the corpus's validation split and
+    /// on the bundled traces, reactive and predictive (docs/tiers.md).
+    pub oom_by_address: bool,
 }
 
 impl Default for TierConfig {
@@ -127,6 +136,7 @@ impl Default for TierConfig {
             recompute: false,
             plan_occupancy: false,
             plan_defer_wraps: true,
+            oom_by_address: true,
         }
     }
 }

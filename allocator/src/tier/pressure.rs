@@ -65,7 +65,10 @@ impl<B: DeviceBackend> TierManager<B> {
                 continue;
             }
             if stage == 0 {
-                let issued = self.spill_batch(bytes, false, true)?;
+                let issued = match self.spill_window(bytes, false)? {
+                    0 => self.spill_batch(bytes, false, true)?,
+                    n => n,
+                };
                 if issued > 0 {
                     self.stats.sync_spills += 1;
                     self.stats.oom_spilled_bytes += issued;
@@ -90,7 +93,10 @@ impl<B: DeviceBackend> TierManager<B> {
                 }
             }
             if stage == 2 {
-                let issued = self.spill_batch(bytes, true, true)?;
+                let issued = match self.spill_window(bytes, true)? {
+                    0 => self.spill_batch(bytes, true, true)?,
+                    n => n,
+                };
                 if issued > 0 {
                     self.stats.sync_spills += 1;
                     self.stats.oom_spilled_bytes += issued;
@@ -123,33 +129,7 @@ impl<B: DeviceBackend> TierManager<B> {
         with_prefetched: bool,
         sync: bool,
     ) -> Result<u64, TierError> {
-        let warm_free = self.staging.free_bytes();
-        let step = self.step;
-        let next_use = self.spill.reads_next_use();
-        let cands: Vec<Candidate> = self
-            .reg
-            .iter()
-            .filter(|(_, e)| {
-                matches!(e.place, Place::Device { .. })
-                    && e.step != step
-                    && e.reader.is_none()
-                    && (with_prefetched || !e.prefetched_unused)
-            })
-            .map(|(h, e)| Candidate {
-                handle: h,
-                bytes: e.bytes,
-                history: e.history,
-                recompute_us: e.recompute_us,
-                recompute_prob: e.recompute_prob,
-                warm: e.bytes <= warm_free,
-                persistent: e.persistent,
-                next_use: if next_use {
-                    self.prefetch.next_use(e.key)
-                } else {
-                    f64::INFINITY
-                },
-            })
-            .collect();
+        let cands = self.candidates(with_prefetched);
         if cands.is_empty() {
             return Ok(0);
         }
@@ -171,16 +151,96 @@ impl<B: DeviceBackend> TierManager<B> {
                 break;
             }
             let Some(c) = cands.get(i) else { continue };
-            let moved = if self.prefer_drop(c, sync) {
-                self.start_drop(c.handle)?
-            } else {
-                self.start_spill(c.handle)?
-            };
-            if moved {
-                issued += c.bytes;
-            }
+            issued += self.spill_or_drop(c, sync)?;
         }
         Ok(issued)
+    }
+
+    /// Spills (or drops, see [`TierManager::spill_batch`]) one candidate; the bytes
+    /// moved (0 if it could not move).
+    fn spill_or_drop(&mut self, c: &Candidate, sync: bool) -> Result<u64, TierError> {
+        let moved = if self.prefer_drop(c, sync) {
+            self.start_drop(c.handle)?
+        } else {
+            self.start_spill(c.handle)?
+        };
+        Ok(if moved { c.bytes } else { 0 })
+    }
+
+    /// The out-of-memory path by address (`TierConfig::oom_by_address`): when the
+    /// allocator's large segments hold at least `bytes` free, the request failed for
+    /// want of a contiguous block. Spills every tensor of the window of `bytes` whose
+    /// candidates cost least to move (the migration cost), a window holding nothing
+    /// else live (no pinned tensor, copy in flight or non-candidate); all of them or,
+    /// if one cannot move, none counted (the caller falls back to the spill policy).
+    /// Returns the bytes issued; 0: no window, or not fragmentation.
+    ///
+    /// Cost: the candidates (O(tensors)), a map by address, and the allocator's sweep
+    /// over the blocks of its large segments (O(blocks)); only on out-of-memory retries.
+    fn spill_window(&mut self, bytes: u64, with_prefetched: bool) -> Result<u64, TierError> {
+        if !self.cfg.oom_by_address || self.alloc.large_free_bytes(0) < bytes {
+            return Ok(0);
+        }
+        let cands = self.candidates(with_prefetched);
+        let by_ptr: std::collections::HashMap<u64, usize> = cands
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((self.reg.get(c.handle).ok()?.place.device()?.ptr.0, i)))
+            .collect();
+        let cost = self.cost.as_ref();
+        let Some(w) = self.alloc.cheapest_window(bytes, 0, |p| {
+            by_ptr.get(&p.0).map(|&i| cost.cost_us(&cands[i]))
+        }) else {
+            return Ok(0);
+        };
+        let mut issued = 0;
+        for p in &w.victims {
+            let Some(&i) = by_ptr.get(&p.0) else {
+                continue;
+            };
+            let c = cands[i];
+            let moved = self.spill_or_drop(&c, true)?;
+            if moved == 0 {
+                // The window will not open this round: the policy's order follows.
+                return Ok(0);
+            }
+            issued += moved;
+        }
+        if issued > 0 {
+            self.stats.oom_windows += 1;
+        }
+        Ok(issued)
+    }
+
+    /// The spill candidates: unpinned device tensors with no copy in flight (and, with
+    /// `with_prefetched`, those prefetched and not used yet). O(tensors).
+    fn candidates(&self, with_prefetched: bool) -> Vec<Candidate> {
+        let warm_free = self.staging.free_bytes();
+        let step = self.step;
+        let next_use = self.spill.reads_next_use();
+        self.reg
+            .iter()
+            .filter(|(_, e)| {
+                matches!(e.place, Place::Device { .. })
+                    && e.step != step
+                    && e.reader.is_none()
+                    && (with_prefetched || !e.prefetched_unused)
+            })
+            .map(|(h, e)| Candidate {
+                handle: h,
+                bytes: e.bytes,
+                history: e.history,
+                recompute_us: e.recompute_us,
+                recompute_prob: e.recompute_prob,
+                warm: e.bytes <= warm_free,
+                persistent: e.persistent,
+                next_use: if next_use {
+                    self.prefetch.next_use(e.key)
+                } else {
+                    f64::INFINITY
+                },
+            })
+            .collect()
     }
 
     /// The out-of-memory error for a request of `bytes` that nothing more can serve.

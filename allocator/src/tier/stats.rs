@@ -49,6 +49,8 @@ pub struct TierStats {
     pub oom_spill_us: f64,
     pub oom_spilled_bytes: u64,
     pub oom_wait_in_us: f64,
+    /// Out-of-memory rounds that spilled an address window (`TierConfig::oom_by_address`).
+    pub oom_windows: u64,
     /// Of the access stall: waiting for late prefetches, and faults.
     pub late_prefetch_us: f64,
     pub fault_us: f64,

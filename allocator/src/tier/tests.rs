@@ -30,6 +30,8 @@ pub(super) fn manager(seed: u64) -> (TierManager<TestBackend>, FailSwitch) {
         staging_bytes: 64 << 10,
         // Half the programs let pressure drop victims too.
         recompute: seed.is_multiple_of(2),
+        // Half of them choose out-of-memory victims by address.
+        oom_by_address: seed & 4 != 0,
         ..TierConfig::default()
     };
     (TierManager::new(alloc, cfg).unwrap(), switch)

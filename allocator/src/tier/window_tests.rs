@@ -1,0 +1,118 @@
+//! The out-of-memory path by address (`TierConfig::oom_by_address`) on a hand-made
+//! fragmented layout.
+
+use crate::backend::sim::SimBackend;
+use crate::backend::DeviceBackend;
+use crate::config::AllocConfig;
+use crate::pool::Allocator;
+
+use super::manager::{TensorOpts, TierManager};
+use super::TierConfig;
+
+const SLOT: u64 = 64 << 10;
+const DEVICE: u64 = 2 << 20;
+
+/// A 2 MiB device of 32 slots of 64 KiB: tensors at the even slots, the odd ones free
+/// (1 MiB free, no free block above 64 KiB). Every tensor was accessed twice, in the
+/// order 0, 4, 8, .., 28, then 2, 6, .., 30, so LRU-K's victims come one slot in four
+/// first: each spill opens only 3 slots.
+fn fragmented(by_address: bool) -> (TierManager<SimBackend>, Vec<super::TensorHandle>) {
+    let alloc = Allocator::new(
+        SimBackend::new(DEVICE, Default::default()),
+        AllocConfig {
+            growable_segments: false,
+            ..AllocConfig::default()
+        },
+    )
+    .unwrap();
+    let cfg = TierConfig {
+        budget: DEVICE,
+        // No watermark spills and no prefetches: only the out-of-memory path moves.
+        high_watermark: 1.0,
+        low_watermark: 1.0,
+        prefetch_watermark: 0.01,
+        staging_bytes: 4 << 20,
+        oom_by_address: by_address,
+        ..TierConfig::default()
+    };
+    let mut m = TierManager::new(alloc, cfg).unwrap();
+    let mut hs = Vec::new();
+    for _ in 0..DEVICE / SLOT {
+        hs.push(m.register(SLOT, TensorOpts::default()).unwrap());
+        m.end_step();
+    }
+    let mut by_addr = hs.clone();
+    by_addr.sort_by_key(|&h| m.reg.get(h).unwrap().place.device().unwrap().ptr.0);
+    for &h in by_addr.iter().skip(1).step_by(2) {
+        m.free(h).unwrap();
+    }
+    let order = (0..32)
+        .step_by(4)
+        .chain((2..32).step_by(4))
+        .map(|i| by_addr[i]);
+    for h in order {
+        for _ in 0..2 {
+            m.backend_mut().advance_us(10.0);
+            m.access(h, false).unwrap();
+            m.end_step();
+        }
+    }
+    m.backend_mut().advance_us(10.0);
+    m.check_invariants().unwrap();
+    let (free, largest) = m.allocator().free_and_largest();
+    assert_eq!(
+        (free, largest),
+        (DEVICE / 2, SLOT),
+        "the layout is not the one meant"
+    );
+    (m, by_addr)
+}
+
+#[test]
+fn a_window_by_address_opens_the_block_in_one_round() {
+    // The spill policy's order: 5 slots' worth per round, 3 slots open each time; the
+    // second round joins two of them.
+    let (mut lru, _) = fragmented(false);
+    lru.register(5 * SLOT, TensorOpts::default()).unwrap();
+    lru.check_invariants().unwrap();
+    assert_eq!(lru.stats().sync_spills, 2);
+    assert_eq!(lru.stats().oom_spilled_bytes, 10 * SLOT);
+    assert_eq!(lru.stats().oom_windows, 0);
+
+    // By address: the window of 5 slots starting at a free slot holds 2 tensors.
+    let (mut m, by_addr) = fragmented(true);
+    let h = m.register(5 * SLOT, TensorOpts::default()).unwrap();
+    m.check_invariants().unwrap();
+    assert_eq!(m.stats().sync_spills, 1);
+    assert_eq!(m.stats().oom_windows, 1);
+    assert_eq!(m.stats().oom_spilled_bytes, 2 * SLOT);
+    // The lowest such window: slots 1..6, so tensors 2 and 4 left and the block is at
+    // slot 1.
+    let base = m.reg.get(by_addr[0]).unwrap().place.device().unwrap().ptr.0;
+    let at = m.reg.get(h).unwrap().place.device().unwrap().ptr.0;
+    assert_eq!(at, base + SLOT);
+    for (i, &t) in by_addr.iter().enumerate().step_by(2) {
+        let on_device = m.reg.get(t).unwrap().place.device().is_some();
+        assert_eq!(on_device, i != 2 && i != 4, "tensor at slot {i}");
+    }
+}
+
+#[test]
+fn pinned_tensors_bound_every_window_and_the_policy_serves_the_rest() {
+    // Tensors at slots 0, 4, .., 28 are pinned by the current step: every run of 5
+    // slots holds one, so there is no window; the policy's order spills the others,
+    // which opens runs of 3 slots only, and the request fails (fragmentation) with
+    // every pinned tensor still on the device.
+    let (mut m, by_addr) = fragmented(true);
+    for &h in by_addr.iter().step_by(4) {
+        m.access(h, false).unwrap();
+    }
+    let e = m.register(5 * SLOT, TensorOpts::default()).unwrap_err();
+    assert!(e.to_string().contains("fragmentation"), "{e}");
+    m.check_invariants().unwrap();
+    assert_eq!(m.stats().oom_windows, 0);
+    assert!(m.stats().sync_spills >= 1);
+    for &h in by_addr.iter().step_by(4) {
+        assert!(m.reg.get(h).unwrap().place.device().is_some());
+    }
+}

@@ -1,0 +1,118 @@
+//! A read-only query for the tiering layer's out-of-memory path: where freeing live
+//! runs would open a contiguous block of a given length most cheaply.
+//!
+//! The allocator only answers where; the caller (the tier policy) says what each live
+//! run would cost to free (`None`: it cannot be freed) and decides what to free. The
+//! query reads the placement blocks of each large-run segment of a stream in address
+//! order: O(blocks) with a two-pointer sweep, no allocation but the answer's list. It
+//! runs only when an allocation has failed, never on the allocation paths.
+
+use crate::backend::{DeviceBackend, DevicePtr, StreamId};
+use crate::pool::Allocator;
+
+/// A window of a large-run segment that freeing `victims` would make one free block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Window {
+    /// Device address of the window's first byte (a block's start).
+    pub start: DevicePtr,
+    /// Bytes of the blocks the window spans (>= the rounded request).
+    pub span: u64,
+    /// Sum of the victims' costs.
+    pub cost: f64,
+    /// Device addresses of the live runs to free, in address order.
+    pub victims: Vec<DevicePtr>,
+}
+
+impl<B: DeviceBackend> Allocator<B> {
+    /// Free bytes of `stream`'s large-run segments (placement blocks only: the run
+    /// cache is not counted; a failed large allocation has flushed it). O(segments).
+    pub fn large_free_bytes(&self, stream: StreamId) -> u64 {
+        let Some(Some(pool)) = self.pools.get(stream as usize) else {
+            return 0;
+        };
+        pool.buddy
+            .live_segments()
+            .filter(|(_, s)| !s.small)
+            .map(|(_, s)| s.mapped - s.used)
+            .sum()
+    }
+
+    /// The cheapest window of `bytes` (rounded up to the minimum block as a large
+    /// request is) in `stream`'s large-run segments: a run of address-adjacent blocks,
+    /// free or live, whose lengths sum to at least the request, where `cost(ptr)` of
+    /// every live run in it (by its start address) is `Some`; the sum of those costs is
+    /// the smallest (lowest address among equals). `None` if every such run of blocks
+    /// holds a run `cost` refuses.
+    ///
+    /// Only windows starting at a block's start are considered: any window touches a
+    /// contiguous set of blocks, and the one starting at the first of them touches a
+    /// subset. Costs must be >= 0. Cost: O(blocks of the stream's large segments) calls
+    /// of `cost` and list steps.
+    pub fn cheapest_window(
+        &self,
+        bytes: u64,
+        stream: StreamId,
+        mut cost: impl FnMut(DevicePtr) -> Option<f64>,
+    ) -> Option<Window> {
+        let min = self.cfg.min_block;
+        let len = bytes.checked_add(min - 1)? & !(min - 1);
+        let Some(Some(pool)) = self.pools.get(stream as usize) else {
+            return None;
+        };
+        // Blocks: (address, length, free, cost to free; None = cannot be freed).
+        type Blk = (u64, u64, bool, Option<f64>);
+        let mut best: Option<(f64, Vec<Blk>)> = None;
+        let mut blocks: Vec<Blk> = Vec::new();
+        for (seg, s) in pool.buddy.live_segments() {
+            if s.small || s.mapped < len {
+                continue;
+            }
+            blocks.clear();
+            blocks.extend(pool.buddy.blocks_of(seg).map(|(off, l, free)| {
+                let p = s.base + off;
+                let c = if free { Some(0.0) } else { cost(DevicePtr(p)) };
+                (p, l, free, c)
+            }));
+            let mut found: Option<(f64, usize, usize)> = None;
+            // Two pointers: the window [i, j) of blocks, `span` bytes, `sum` cost.
+            let (mut i, mut j, mut span, mut sum) = (0usize, 0usize, 0u64, 0.0f64);
+            while i < blocks.len() {
+                while span < len && j < blocks.len() {
+                    let Some(c) = blocks[j].3 else { break };
+                    span += blocks[j].1;
+                    sum += c.max(0.0);
+                    j += 1;
+                }
+                if span >= len {
+                    if found.is_none_or(|f| sum < f.0) {
+                        found = Some((sum, i, j));
+                    }
+                    span -= blocks[i].1;
+                    sum -= blocks[i].3.unwrap_or(0.0).max(0.0);
+                    i += 1;
+                } else if j < blocks.len() {
+                    // Block j cannot be freed: restart past it.
+                    i = j + 1;
+                    j = i;
+                    span = 0;
+                    sum = 0.0;
+                } else {
+                    break;
+                }
+            }
+            if let Some((c, i, j)) = found {
+                if best.as_ref().is_none_or(|b| c < b.0) {
+                    best = Some((c, blocks[i..j].to_vec()));
+                }
+            }
+        }
+        let (_, w) = best?;
+        Some(Window {
+            start: DevicePtr(w[0].0),
+            span: w.iter().map(|b| b.1).sum(),
+            // Summed again: the sweep's running sum carries rounding.
+            cost: w.iter().filter_map(|b| b.3).map(|c| c.max(0.0)).sum(),
+            victims: w.iter().filter(|b| !b.2).map(|b| DevicePtr(b.0)).collect(),
+        })
+    }
+}
