@@ -87,31 +87,28 @@ impl EvalReport {
     /// seasonal naive and seasonal rescaled (the featurizer's copy-and-rescale base,
     /// which the LSTM also sees as an input: it is the bar the model must clear).
     pub fn best_baseline(&self) -> (String, f64) {
-        BASELINES
-            .iter()
-            .filter_map(|k| self.models.get(*k).map(|m| (k.to_string(), m.wape)))
-            .fold(("none".into(), f64::INFINITY), |a, b| {
-                if b.1 < a.1 {
-                    b
-                } else {
-                    a
-                }
-            })
+        best_of(&self.models, |m| m.wape)
     }
 
     /// Best peak-rise WAPE among the same non-learned forecasters.
     pub fn best_peak_baseline(&self) -> (String, f64) {
-        BASELINES
-            .iter()
-            .filter_map(|k| self.peak_rise.get(*k).map(|m| (k.to_string(), m.wape)))
-            .fold(("none".into(), f64::INFINITY), |a, b| {
-                if b.1 < a.1 {
-                    b
-                } else {
-                    a
-                }
-            })
+        best_of(&self.peak_rise, |m| m.wape)
     }
+}
+
+/// The [`BASELINES`] entry of `models` with the lowest `wape`, and that WAPE
+/// (`("none", inf)` without any).
+fn best_of<M>(models: &BTreeMap<String, M>, wape: impl Fn(&M) -> f64) -> (String, f64) {
+    BASELINES
+        .iter()
+        .filter_map(|k| models.get(*k).map(|m| (k.to_string(), wape(m))))
+        .fold(("none".into(), f64::INFINITY), |a, b| {
+            if b.1 < a.1 {
+                b
+            } else {
+                a
+            }
+        })
 }
 
 /// Runs the model over the series from a fresh state; `out[t]` is the forecast made
