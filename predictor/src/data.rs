@@ -2,10 +2,9 @@
 //! same arrays feed burn's tensors, the evaluation and the tests).
 
 use memcast_trace::features::{featurize, StepConfig, StepRecord, CHANNELS};
-
-use crate::forecaster::peak_rise;
 use memcast_trace::Trace;
 
+use crate::forecaster::peak_rise;
 use crate::norm::NormStats;
 
 /// The featurized steps of one trace with the forecasts needed for `horizon` steps.
@@ -46,11 +45,10 @@ impl Series {
     /// units of the scale, or `None` where the model is not asked (past the end, or
     /// while the iteration repeats exactly: the base forecast is used as is then).
     pub fn residual(&self, t: usize, h: usize) -> Option<[f64; CHANNELS]> {
-        let r = &self.records[t];
-        let no_ref = self.mask_no_reference && r.step.prev_iteration_steps == 0;
-        if r.step.repeat || no_ref || t + h >= self.records.len() {
+        if !self.asked(t, h) {
             return None;
         }
+        let r = &self.records[t];
         let y = self.records[t + h].step.values;
         let base = r.base[h - 1];
         let mut out = [0f64; CHANNELS];
@@ -59,6 +57,14 @@ impl Series {
             out[c] = ((y[c] as f64 - base[c]) / r.step.scale).clamp(-64.0, 64.0);
         }
         Some(out)
+    }
+
+    /// Whether the model is asked for step `t`'s forecast at horizon `h` (see
+    /// [`Series::residual`]).
+    fn asked(&self, t: usize, h: usize) -> bool {
+        let r = &self.records[t];
+        let no_ref = self.mask_no_reference && r.step.prev_iteration_steps == 0;
+        !(r.step.repeat || no_ref || t + h >= self.records.len())
     }
 
     /// The horizon's peak rise of live bytes after step `t` (steps `t+1..=t+N`), bytes;
@@ -74,7 +80,9 @@ impl Series {
     /// base forecast's, in units of the scale (clipped like [`Series::residual`]); `None`
     /// where the model is not asked (as [`Series::residual`] at horizon `N`).
     pub fn peak_residual(&self, t: usize) -> Option<f64> {
-        self.residual(t, self.horizon)?;
+        if !self.asked(t, self.horizon) {
+            return None;
+        }
         let r = &self.records[t];
         let y = self.peak_rise_after(t)?;
         let base = peak_rise(&r.base, f64::MAX)?;

@@ -132,6 +132,24 @@ fn training_is_deterministic_and_records_round_trip() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A model trained on `dataset(c)` (iterations that change scale at random) for 120
+/// epochs, and a held-out trace of the same family.
+fn trained_on_the_family(
+    mut c: ArtifactConfig,
+) -> (memcast_predictor::train::TrainOutcome, Series) {
+    c.train.epochs = 120;
+    c.train.patience = 1000;
+    let data = dataset(&c);
+    let out = train_with(BackendKind::Ndarray, &data, &c, &mut NoProgress).unwrap();
+    let test = Series::from_trace(
+        "test",
+        &common::trace(8, 120, common::dyn_scale(99)),
+        c.step,
+        5,
+    );
+    (out, test)
+}
+
 #[test]
 fn training_learns_to_rescale() {
     // Iterations change scale at random: on a held-out trace of the same family the
@@ -141,20 +159,11 @@ fn training_learns_to_rescale() {
     // 20% below the best of last value, moving average and seasonal naive. Training is
     // deterministic (seeded): measured 0.363 against 0.423 untrained, 0.421 seasonal
     // rescaled and 0.500 for last value.
-    let mut c = small_config();
-    c.train.epochs = 120;
-    c.train.patience = 1000;
-    let data = dataset(&c);
-    let out = train_with(BackendKind::Ndarray, &data, &c, &mut NoProgress).unwrap();
+    let c = small_config();
+    let (out, test) = trained_on_the_family(c.clone());
     let first = out.history.first().unwrap().train_loss;
     let last = out.history.last().unwrap().train_loss;
     assert!(last < first, "training loss {first} -> {last}");
-    let test = Series::from_trace(
-        "test",
-        &common::trace(8, 120, common::dyn_scale(99)),
-        c.step,
-        5,
-    );
     let wape = |w: Weights| {
         let mut m = EmbeddedLstm::new(w).unwrap();
         evaluate(&test, Some(&mut m)).unwrap()
@@ -199,21 +208,12 @@ fn the_peak_head_learns_the_horizons_peak_rise() {
     // real traces.)
     let mut c = small_config();
     c.model.peak_head = true;
-    c.train.epochs = 120;
-    c.train.patience = 1000;
-    let data = dataset(&c);
-    let out = train_with(BackendKind::Ndarray, &data, &c, &mut NoProgress).unwrap();
+    let (out, test) = trained_on_the_family(c.clone());
     assert_eq!(
         out.weights.head_b.len(),
         c.model.horizon * c.model.channels + 1
     );
     assert_eq!(out.weights.norm.target_std.len(), c.model.channels + 1);
-    let test = Series::from_trace(
-        "test",
-        &common::trace(8, 120, common::dyn_scale(99)),
-        c.step,
-        5,
-    );
     let run = |w: Weights| {
         let mut m = EmbeddedLstm::new(w).unwrap();
         let fc = memcast_predictor::eval::run_model(&test, &mut m).unwrap();
