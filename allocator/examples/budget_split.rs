@@ -72,6 +72,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if flag("byaddr") || flag("noaddr") {
                 opts.tier.oom_by_address = flag("byaddr");
             }
+            if flag("growable") {
+                opts.alloc.growable_segments = true;
+            }
             let r = replay_budgeted(&t, &opts)?;
             floor = r.peak_floor_overhead;
             sums[i + 1] += r.stall_overhead;

@@ -23,6 +23,24 @@ pub enum Coalesce {
     Deferred,
 }
 
+/// When the whole free pages inside a growable large-run segment give their physical
+/// memory back (page release, docs/allocator.md "Page release").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PageRelease {
+    /// Never: a free block keeps its pages until the segment's tail is released.
+    Off,
+    /// When the device is out of memory (and on `empty_cache`), with the caches and the
+    /// free tails: what the out-of-memory retry gives back then includes every whole
+    /// free page inside the segments.
+    OnOom,
+    /// Whenever the device would otherwise have to provide memory beyond the peak
+    /// reserved so far: reserved memory stays at the peak of the pages that hold data,
+    /// at the cost of device calls (unmap, with a device synchronization, and map) as
+    /// the pages in use move.
+    Peak,
+}
+
 /// When completely free segments go back to the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -70,6 +88,12 @@ pub struct AllocConfig {
     /// Use one growable (virtually contiguous) segment per stream when the backend
     /// supports it, instead of fixed segments.
     pub growable_segments: bool,
+    /// When the whole pages (`segment_granule`) inside free blocks of a growable
+    /// large-run segment give their physical memory back; a released page is backed
+    /// again when a run is placed over it. Placement is the same whatever the setting;
+    /// only how much physical memory stands behind the free blocks changes. Needs a
+    /// backend with `supports_page_release` (sim, host, cuda) and best-fit placement.
+    pub page_release: PageRelease,
     /// Growth schedule: a new segment (or growth) is at least
     /// `clamp(reserved * (growth_factor - 1), growth_initial, growth_cap)` bytes, and at
     /// least the deficit of the request that missed, rounded up to the granule.
@@ -307,6 +331,7 @@ impl Default for AllocConfig {
             slab_spares: 4,
             segment_granule: 2 << 20,
             growable_segments: true,
+            page_release: PageRelease::OnOom,
             growth_initial: 32 << 20,
             growth_factor: 1.0,
             growth_cap: 1 << 30,
@@ -333,7 +358,7 @@ impl Default for AllocConfig {
 }
 
 /// The keys a conf string may set.
-pub const KEYS: [&str; 29] = [
+pub const KEYS: [&str; 30] = [
     "min_block",
     "small_max",
     "classes_per_doubling",
@@ -342,6 +367,7 @@ pub const KEYS: [&str; 29] = [
     "slab_spares",
     "segment_granule",
     "growable_segments",
+    "page_release",
     "growth_initial",
     "growth_factor",
     "growth_cap",
@@ -456,6 +482,14 @@ impl AllocConfig {
                 "slab_spares" => self.slab_spares = int(v)? as u32,
                 "segment_granule" => self.segment_granule = parse_bytes(v)?,
                 "growable_segments" => self.growable_segments = boolean(v)?,
+                "page_release" => {
+                    self.page_release = match v {
+                        "off" => PageRelease::Off,
+                        "on_oom" => PageRelease::OnOom,
+                        "peak" => PageRelease::Peak,
+                        _ => return Err(AllocError::Config(format!("{k}: off|on_oom|peak"))),
+                    }
+                }
                 "growth_initial" => self.growth_initial = parse_bytes(v)?,
                 "growth_factor" => self.growth_factor = num(v)?,
                 "growth_cap" => self.growth_cap = parse_bytes(v)?,

@@ -42,6 +42,7 @@ mod error;
 pub mod extents;
 mod fxmap;
 mod maint;
+mod pages;
 pub mod placement;
 pub mod policy;
 mod pool;

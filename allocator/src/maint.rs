@@ -97,7 +97,13 @@ impl<B: DeviceBackend> Allocator<B> {
         let scan = self.cfg.run_scan;
         let pool = self.pools[stream as usize].as_mut()?;
         let spot = pool.buddy.find_run(len, scan, small)?;
-        Some(pool.buddy.carve(spot, len, owner))
+        let run = pool.buddy.carve(spot, len, owner);
+        // Page release: released pages under the run are backed, or the carve is
+        // undone and this is a miss.
+        if !small && self.back_or_undo(stream, &run, len).is_err() {
+            return None;
+        }
+        Some(run)
     }
 
     fn growth_bytes(
@@ -194,11 +200,21 @@ impl<B: DeviceBackend> Allocator<B> {
                 // The free tail already holds the run (placement did not choose it,
                 // e.g. under buddy placement): no device call.
                 let pool = self.pools[stream as usize].as_mut().expect("pool");
-                return Ok(pool.buddy.carve_tail(seg, mapped - tail, len, owner));
+                let run = pool.buddy.carve_tail(seg, mapped - tail, len, owner);
+                self.back_or_undo(stream, &run, len)?;
+                return Ok(run);
             }
             let mut add = self
                 .growth_bytes(stream, len, deficit, true, small)
                 .min(room);
+            // Page release: free pages elsewhere give their memory first, so that the
+            // growth does not raise the peak (the tail the run takes is kept).
+            if !small {
+                self.make_room(
+                    add,
+                    Some((stream, seg, (mapped - tail) / granule, u64::MAX)),
+                )?;
+            }
             if let Err(e) = self.backend.grow(DevicePtr(base), mapped, add) {
                 if add == deficit || !e.is_oom() {
                     return Err(e);
@@ -213,6 +229,10 @@ impl<B: DeviceBackend> Allocator<B> {
             pool.buddy.map_more(seg, add);
             let run = pool.buddy.carve_tail(seg, mapped - tail, len, owner);
             tracing::debug!(stream, add, mapped = mapped + add, "grew growable segment");
+            // The part of the run in the old tail may lie over released pages.
+            if !small {
+                self.back_or_undo(stream, &run, len)?;
+            }
             Ok(run)
         } else {
             let deficit = len.next_multiple_of(granule);
@@ -297,12 +317,14 @@ impl<B: DeviceBackend> Allocator<B> {
                 return Ok(0);
             }
             self.backend.shrink(DevicePtr(s.base), s.mapped, release)?;
+            // Released pages of the range held no memory: only the rest is given back.
+            let backed = release - self.forget_released_above(stream, seg, s.mapped - release);
             let pool = self.pools[stream as usize].as_mut().expect("pool");
             pool.buddy.unmap_tail(seg, release);
-            pool.reserved -= release;
-            self.stats.reserved.sub(release);
+            pool.reserved -= backed;
+            self.stats.reserved.sub(backed);
             self.stats.device_frees += 1;
-            Ok(release)
+            Ok(backed)
         } else if s.used == 0 {
             self.backend
                 .deallocate(DevicePtr(s.base), s.mapped, stream)?;
@@ -332,6 +354,10 @@ impl<B: DeviceBackend> Allocator<B> {
             for seg in segs {
                 freed += self.release_segment(stream, seg)?;
             }
+        }
+        // Page release: the whole free pages inside segments too.
+        if self.page_release_on() {
+            freed += self.release_free_pages(u64::MAX, None)?;
         }
         Ok(freed)
     }
@@ -565,10 +591,11 @@ impl<B: DeviceBackend> Allocator<B> {
                     (s.base, s.mapped)
                 };
                 self.backend.shrink(DevicePtr(base), mapped, release)?;
+                let backed = release - self.forget_released_above(stream, seg, mapped - release);
                 let pool = self.pools[stream as usize].as_mut().expect("pool");
                 pool.buddy.unmap_tail(seg, release);
-                pool.reserved -= release;
-                self.stats.reserved.sub(release);
+                pool.reserved -= backed;
+                self.stats.reserved.sub(backed);
                 self.stats.device_frees += 1;
                 Ok(())
             }
@@ -652,6 +679,7 @@ impl<B: DeviceBackend> Allocator<B> {
         let mut buddy_free = 0u64;
         let mut slab_free = 0u64;
         let mut cached_total = 0u64;
+        let mut released = 0u64;
         for (s, pool) in self.pools.iter().enumerate() {
             let Some(pool) = pool else { continue };
             pool.buddy
@@ -720,12 +748,14 @@ impl<B: DeviceBackend> Allocator<B> {
                 ));
             }
             let mapped: u64 = pool.buddy.live_segments().map(|(_, sg)| sg.mapped).sum();
-            if mapped != pool.reserved {
+            let released_here = pool.pages.count * self.granule();
+            if mapped != pool.reserved + released_here {
                 return bad(format!(
-                    "stream {s}: mapped {mapped} != reserved {}",
+                    "stream {s}: mapped {mapped} != reserved {} + released pages {released_here}",
                     pool.reserved
                 ));
             }
+            released += released_here;
             reserved += pool.reserved;
             buddy_free += pool.buddy.free_bytes();
             cached_total += pool.cache.bytes();
@@ -737,12 +767,13 @@ impl<B: DeviceBackend> Allocator<B> {
             ));
         }
         let rhs = buddy_free + cached_total + slab_free + self.pending_bytes + allocated;
-        if reserved != rhs {
+        if reserved + released != rhs {
             return bad(format!(
-                "conservation: reserved {reserved} != free {buddy_free} + cached {cached_total} + slab free {slab_free} + pending {} + allocated {allocated}",
+                "conservation: reserved {reserved} + released pages {released} != free {buddy_free} + cached {cached_total} + slab free {slab_free} + pending {} + allocated {allocated}",
                 self.pending_bytes
             ));
         }
+        self.check_pages().map_err(AllocError::Invariant)?;
         if self.backend.used() < reserved {
             return bad(format!(
                 "backend holds {} < reserved {reserved}",

@@ -28,6 +28,7 @@ use crate::config::{AllocConfig, Coalesce, Release};
 use crate::error::AllocError;
 use crate::fxmap;
 pub(crate) use crate::fxmap::FxMap;
+use crate::pages::PageMap;
 use crate::policy::{
     GrowthPolicy, KeepUntilOom, ReactiveGrowth, ReleaseImmediately, ReleasePolicy,
 };
@@ -124,8 +125,11 @@ pub(crate) struct StreamPool {
     /// The growable segments (large runs, small slabs), when the backend has them and
     /// the config asks.
     pub growable: [Option<u32>; 2],
-    /// Bytes of device memory this pool holds.
+    /// Bytes of device memory this pool holds (released pages excluded).
     pub reserved: u64,
+    /// The pages of the large-run growable segment whose memory was given back while
+    /// free (page release, `pages.rs`).
+    pub pages: PageMap,
 }
 
 #[derive(Debug)]
@@ -304,6 +308,7 @@ impl<B: DeviceBackend> Allocator<B> {
             repeat_score: 256,
             growable: [None, None],
             reserved: 0,
+            pages: PageMap::default(),
         });
         Ok(())
     }
@@ -571,6 +576,12 @@ impl<B: DeviceBackend> Allocator<B> {
             // The record id comes first so that the run's nodes carry it.
             let id = reserve(&mut self.records, &mut self.free_records);
             let (run, base) = pool.buddy.carve_at(spot, len, id);
+            // Page release: one load and a compare unless pages of the pool are
+            // released; pages that cannot be backed undo the carve (a miss).
+            if self.back_or_undo(stream, &run, len).is_err() {
+                self.free_records.push(id);
+                return self.alloc_large_slow(bytes, len, stream, false);
+            }
             self.records[id].make_run(base, run, bytes, len, stream);
             return Ok(id);
         }

@@ -125,6 +125,11 @@ pub struct AllocStats {
     /// Predictive mode: forecasts read and pieces of advice applied.
     pub forecasts_used: u64,
     pub advice_applied: u64,
+    /// Page release: pages whose memory free blocks gave back, and pages backed again
+    /// under a run placed over them (each stretch one device call, counted in
+    /// `device_frees` / `device_allocs`).
+    pub pages_released: u64,
+    pub pages_backed: u64,
 }
 
 impl AllocStats {

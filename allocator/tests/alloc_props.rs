@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use memcast_alloc::backend::host::HostBackend;
 use memcast_alloc::backend::{DeviceBackend, MemRef, StreamPriority};
-use memcast_alloc::config::{AllocConfig, Coalesce, Release};
+use memcast_alloc::config::{AllocConfig, Coalesce, PageRelease, Release};
 use memcast_alloc::policy::Advice;
 use memcast_alloc::{AllocError, Allocation, Allocator};
 use proptest::prelude::*;
@@ -45,9 +45,10 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn config() -> impl Strategy<Value = AllocConfig> {
-    (any::<bool>(), any::<bool>(), any::<bool>()).prop_map(|(growable, deferred, best_fit)| {
-        AllocConfig {
+    (any::<bool>(), any::<bool>(), any::<bool>(), 0u8..3).prop_map(
+        |(growable, deferred, best_fit, pages)| AllocConfig {
             growable_segments: growable,
+            page_release: [PageRelease::Off, PageRelease::OnOom, PageRelease::Peak][pages as usize],
             coalesce: if deferred {
                 Coalesce::Deferred
             } else {
@@ -56,8 +57,8 @@ fn config() -> impl Strategy<Value = AllocConfig> {
             best_fit,
             cache_max_runs: 8,
             ..AllocConfig::default()
-        }
-    })
+        },
+    )
 }
 
 fn write_stamps(al: &mut Allocator<HostBackend>, a: &Allocation) {

@@ -176,6 +176,74 @@ fn property_programs_on_growable_segments() {
     }
 }
 
+/// Page release at every growth beyond the peak: pages move under the live data of
+/// the program (every byte checked at free) on the real device.
+#[test]
+fn property_programs_with_page_release_at_the_peak() {
+    let cfg = AllocConfig::default()
+        .with_conf_string("page_release:peak")
+        .unwrap();
+    for seed in [6, 7] {
+        property_program(cfg.clone(), seed, 1500);
+    }
+}
+
+#[test]
+fn growable_pages_are_released_and_backed_again() {
+    let Some(mut b) = gpu() else { return };
+    let g = b.granularity();
+    let base = b.reserve_growable(8 * GIB).unwrap();
+    b.grow(base, 0, 8 * g).unwrap();
+    b.write(MemRef::Device(base.offset(7 * g)), &[5; 8])
+        .unwrap();
+    let (free0, _) = b.mem_info().unwrap();
+    // Release pages 2..6 while a kernel still writes page 2: the release waits for it.
+    let s = b.create_stream(StreamPriority::Normal).unwrap();
+    b.launch_spin_fill(s, 50_000_000, base.offset(2 * g), 1024, 7)
+        .unwrap();
+    let t = Instant::now();
+    b.unmap_pages(base, 2 * g, 4 * g).unwrap();
+    assert!(
+        t.elapsed().as_millis() >= 40,
+        "page release returned after {:?}, before the pending kernel",
+        t.elapsed()
+    );
+    assert_eq!(b.used(), 4 * g);
+    let (free1, _) = b.mem_info().unwrap();
+    assert!(
+        free1 >= free0 + 4 * g,
+        "device free memory {free0} -> {free1}"
+    );
+    let mut out = [0u8; 8];
+    assert!(b
+        .read(MemRef::Device(base.offset(3 * g)), &mut out)
+        .is_err());
+    assert!(b.unmap_pages(base, 2 * g, g).is_err(), "released twice");
+    assert!(b.map_pages(base, 0, g).is_err(), "a backed page");
+    // The pages around the hole keep their bytes.
+    b.read(MemRef::Device(base.offset(7 * g)), &mut out)
+        .unwrap();
+    assert_eq!(out, [5; 8]);
+    b.map_pages(base, 3 * g, 2 * g).unwrap();
+    assert_eq!(b.used(), 6 * g);
+    b.write(MemRef::Device(base.offset(4 * g + 8)), &[1, 2, 3])
+        .unwrap();
+    let mut three = [0u8; 3];
+    b.read(MemRef::Device(base.offset(4 * g + 8)), &mut three)
+        .unwrap();
+    assert_eq!(three, [1, 2, 3]);
+    // A shrink over released pages gives back the backed ones only.
+    b.shrink(base, 8 * g, 6 * g).unwrap();
+    assert_eq!(b.used(), 2 * g);
+    b.release_growable(base, 2 * g).unwrap();
+    assert_eq!(b.used(), 0);
+    let r = b.call_report();
+    report(
+        "growable_pages_are_released_and_backed_again",
+        serde_json::json!({"map": r.map, "unmap": r.unmap}),
+    );
+}
+
 #[test]
 fn property_programs_on_fixed_segments() {
     let cfg = AllocConfig::default()

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Records one workload of scripts/corpus/workloads.py on a CUDA GPU.
 
-    python3 scripts/corpus/record.py --workload NAME --mode native|expandable --out DIR
+    python3 scripts/corpus/record.py --workload NAME --mode native|expandable|memcast --out DIR
 
 `native` runs PyTorch's default caching allocator with memory history on and writes
 DIR/NAME.snapshot.pickle (`torch.cuda.memory._snapshot()`, pickle protocol 4, no stack
 frames). `expandable` runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and no
 history. Both append one JSON line of PyTorch's own figures (`torch.cuda.memory_stats()`
-at the end of the run) to DIR/NAME.<mode>.json.
+at the end of the run) to DIR/NAME.<mode>.json. `memcast` runs every CUDA allocation
+through memcast (`memcast_torch.install()`, settings from MEMCAST_ALLOC_CONF) and writes
+memcast's figures the same way, with the median wall time of a recorded iteration
+(`--tag T` names the file DIR/NAME.memcast-T.json, to keep settings apart).
 
 The recipe, for every workload:
   1. build the model (random weights) and its optimizer; seed every generator with 0;
@@ -35,7 +38,8 @@ MARKER_BYTES = 7_341_568
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--workload", required=True)
-ap.add_argument("--mode", choices=["native", "expandable"], default="native")
+ap.add_argument("--mode", choices=["native", "expandable", "memcast"], default="native")
+ap.add_argument("--tag", default="", help="memcast mode: suffix of the figures file")
 ap.add_argument("--out", default=".")
 ap.add_argument("--iters", type=int, default=0, help="recorded iterations (default 8, 12 if dynamic)")
 ap.add_argument("--dry-run", action="store_true")
@@ -49,6 +53,12 @@ else:
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import workloads as W  # noqa: E402
+
+mt = None
+if args.mode == "memcast" and not args.dry_run:
+    import memcast_torch as mt  # noqa: E402
+
+    mt.install()
 
 if args.workload not in W.RECIPES:
     sys.exit(f"unknown workload {args.workload!r}; known: {', '.join(W.RECIPES)}")
@@ -107,10 +117,15 @@ if args.mode == "native":
     torch.cuda.memory._record_memory_history(
         enabled="all", context=None, stacks="python", max_entries=2_000_000)
 t1 = time.time()
+step_s = []
 for _ in range(iters):
     marker()
+    ts = time.time()
     iteration()
     torch.cuda.synchronize()
+    step_s.append(time.time() - ts)
+    if mt is not None:
+        mt.step()
 marker()
 torch.cuda.synchronize()
 t2 = time.time()
@@ -119,6 +134,32 @@ if args.mode == "native":
     torch.cuda.memory._record_memory_history(enabled=None)
     with open(os.path.join(args.out, f"{args.workload}.snapshot.pickle"), "wb") as f:
         pickle.dump(snap, f, protocol=4)
+if mt is not None:
+    ms = mt.stats()
+    fig = {
+        "name": args.workload,
+        "allocator": "memcast" + (f"-{args.tag}" if args.tag else ""),
+        "conf": os.environ.get("MEMCAST_ALLOC_CONF", ""),
+        "peak_requested": ms["requested"]["peak"],
+        "peak_allocated": ms["allocated"]["peak"],
+        "peak_reserved": ms["reserved"]["peak"],
+        "reserved_overhead": ms["reserved"]["peak"] / ms["requested"]["peak"] - 1,
+        "num_device_alloc": ms.get("device_allocs"),
+        "num_device_free": ms.get("device_frees"),
+        "pages_released": ms.get("pages_released"),
+        "pages_backed": ms.get("pages_backed"),
+        "median_iteration_s": sorted(step_s)[len(step_s) // 2],
+        "iters": iters,
+        "family": family,
+        "split": split,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(),
+    }
+    name = f"{args.workload}.memcast{('-' + args.tag) if args.tag else ''}.json"
+    with open(os.path.join(args.out, name), "w") as f:
+        f.write(json.dumps(fig) + "\n")
+    print(json.dumps(fig))
+    sys.exit(0)
 s = torch.cuda.memory_stats()
 fig = {
     "name": args.workload,

@@ -38,6 +38,10 @@ pub struct CorpusArgs {
     /// for an imported snapshot is PyTorch's final layout).
     #[arg(long, default_value = "size-desc")]
     pub static_order: String,
+    /// memcast's allocator settings for its replay, `key:value,...` (as `memcast
+    /// replay --conf`; e.g. `page_release:peak`). The tiered replay keeps its own.
+    #[arg(long)]
+    pub conf: Option<String>,
     /// Print one JSON object per trace, then a summary object.
     #[arg(long)]
     pub json: bool,
@@ -76,6 +80,12 @@ pub fn run(args: CorpusArgs) -> Result<()> {
         "{}: no trace in split {split}",
         args.manifest.display()
     );
+    let alloc = match &args.conf {
+        Some(c) => memcast_alloc::AllocConfig::default()
+            .with_conf_string(c)
+            .context("--conf")?,
+        None => memcast_alloc::AllocConfig::default(),
+    };
     let mut model = super::load_model(&args.model)?;
     let cfg = model.weights().config.clone();
 
@@ -87,6 +97,7 @@ pub fn run(args: CorpusArgs) -> Result<()> {
             let mut o = ReplayOptions {
                 policy,
                 forecaster: ReplayForecaster::None,
+                config: alloc.clone(),
                 ..Default::default()
             };
             o.pytorch.static_order = static_order;
@@ -132,7 +143,9 @@ pub fn run(args: CorpusArgs) -> Result<()> {
         let row = json!({
             "workload": e.workload, "family": e.family, "dynamic": e.dynamic,
             "memcast": {"reserved_overhead": ours.reserved_overhead, "peak_reserved_bytes": ours.peak_reserved_bytes,
-                        "device_allocs": ours.device_allocs},
+                        "device_allocs": ours.device_allocs, "device_frees": ours.device_frees,
+                        "critical_path_device_calls_after_first_iteration": ours.critical_path_device_calls_after_first_iteration,
+                        "device_time_us": ours.device_time_us},
             "pytorch_emulation": {"peak_reserved_bytes": emu.peak_reserved_bytes, "device_allocs": emu.device_allocs,
                                   "error_vs_native": emu_error},
             "pytorch_native": native.as_ref().map(|f| json!({"reserved_overhead": f.comparable_overhead(),

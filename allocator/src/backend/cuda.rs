@@ -98,8 +98,9 @@ pub(super) struct HostRegion {
 #[derive(Debug)]
 pub(super) struct Growable {
     pub max: u64,
-    /// One physical allocation per page, in address order.
-    pub pages: Vec<sys::CUmemGenericAllocationHandle>,
+    /// One physical allocation per page of the mapped range, in address order; `None`
+    /// for a page that `unmap_pages` released (nothing mapped there).
+    pub pages: Vec<Option<sys::CUmemGenericAllocationHandle>>,
 }
 
 /// An NVIDIA GPU behind the [`DeviceBackend`] trait. See the module docs.
@@ -372,7 +373,12 @@ impl CudaBackend {
             }
         }
         if let Some((&b, g)) = self.growable.range(..=addr).next_back() {
-            if end <= b + g.pages.len() as u64 * self.granularity {
+            let gr = self.granularity;
+            // Inside the mapped range, and no page of it released.
+            let (first, end_page) = ((addr - b) / gr, (end - b).div_ceil(gr));
+            if end <= b + g.pages.len() as u64 * gr
+                && (first..end_page).all(|i| g.pages[i as usize].is_some())
+            {
                 return Ok(());
             }
         }
@@ -403,6 +409,7 @@ impl Drop for CudaBackend {
             }
             for (base, g) in std::mem::take(&mut self.growable) {
                 for (i, h) in g.pages.iter().enumerate() {
+                    let Some(h) = h else { continue };
                     let _ = sys::cuMemUnmap(
                         base + i as u64 * self.granularity,
                         self.granularity as usize,
@@ -502,6 +509,15 @@ impl DeviceBackend for CudaBackend {
     }
     fn release_growable(&mut self, base: DevicePtr, mapped: u64) -> Result<(), BackendError> {
         self.vmm_release(base, mapped)
+    }
+    fn supports_page_release(&self) -> bool {
+        true
+    }
+    fn unmap_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
+        self.vmm_unmap_pages(base, off, len)
+    }
+    fn map_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
+        self.vmm_map_pages(base, off, len)
     }
 
     fn allocate_host(&mut self, bytes: u64, pinned: bool) -> Result<HostPtr, BackendError> {

@@ -1,8 +1,9 @@
 //! Growable segments of [`CudaBackend`] on CUDA virtual memory (what PyTorch calls
 //! expandable segments).
 //!
-//! - reserve: `cuMemAddressReserve` once, for at most the device's memory (rounded up
-//!   to the granularity): more could never be mapped;
+//! - reserve: `cuMemAddressReserve` once, for at most twice the device's memory
+//!   (rounded up to the granularity): with pages released inside the range, more than
+//!   the device can be spanned, never more than twice;
 //! - grow: per page (the driver's granularity, `cuMemGetAllocationGranularity`, 2 MiB on
 //!   an H200, or a larger page set with `set_page_size`) one `cuMemCreate` + `cuMemMap`,
 //!   then one `cuMemSetAccess` over the new
@@ -11,10 +12,15 @@
 //! - shrink: `cuCtxSynchronize` first (work queued on any stream may still use the
 //!   pages; unmapping is not ordered with it), then `cuMemUnmap` + `cuMemRelease` per
 //!   page from the end;
-//! - release: shrink to nothing, then `cuMemAddressFree`.
+//! - release: shrink to nothing, then `cuMemAddressFree`;
+//! - page release (`unmap_pages`): `cuCtxSynchronize`, then `cuMemUnmap` +
+//!   `cuMemRelease` of each page of a range inside the mapped part; `map_pages` backs
+//!   such pages again (`cuMemCreate` + `cuMemMap` each, one `cuMemSetAccess`). A
+//!   shrink or release skips the pages released this way.
 //!
-//! One physical allocation per page (not per growth) so that any suffix can be given
-//! back; the cost is one create + map per 2 MiB (measured in docs/cuda.md).
+//! One physical allocation per page (not per growth) so that any suffix, and any page
+//! inside, can be given back; the cost is one create + map per 2 MiB (measured in
+//! docs/cuda.md).
 
 use cudarc::driver::sys;
 
@@ -61,7 +67,9 @@ impl CudaBackend {
 
     pub(super) fn vmm_reserve(&mut self, max_bytes: u64) -> Result<DevicePtr, BackendError> {
         let g = self.granularity;
-        let cap = crate::backend::DeviceBackend::capacity(self).next_multiple_of(g);
+        // Twice the device at most: with pages released inside it (`unmap_pages`), a
+        // segment spans more than the memory behind it. Address space costs nothing.
+        let cap = 2 * crate::backend::DeviceBackend::capacity(self).next_multiple_of(g);
         let max = max_bytes.next_multiple_of(g).min(cap);
         if max == 0 {
             return Err(BackendError::Invalid("zero-size growable segment".into()));
@@ -107,57 +115,11 @@ impl CudaBackend {
         let n = (add / g) as usize;
         let prop = self.prop();
         let (ordinal, start) = (self.ordinal, base.0 + mapped);
-        let r = self.timed(CallKind::Map, add, n as u32, |_| {
-            let mut made: Vec<sys::CUmemGenericAllocationHandle> = Vec::with_capacity(n);
-            let undo = |made: &[sys::CUmemGenericAllocationHandle], mapped_too: usize| {
-                for (i, h) in made.iter().enumerate() {
-                    // SAFETY: pages this call created (and mapped, for the first
-                    // `mapped_too`); undone once, nothing used them yet.
-                    unsafe {
-                        if i < mapped_too {
-                            let _ = sys::cuMemUnmap(start + i as u64 * g, g as usize);
-                        }
-                        let _ = sys::cuMemRelease(*h);
-                    }
-                }
-            };
-            for i in 0..n {
-                let mut h: sys::CUmemGenericAllocationHandle = 0;
-                // SAFETY: library loaded, context current; `h` and `prop` are live.
-                let r = unsafe { sys::cuMemCreate(&mut h, g as usize, &prop, 0) };
-                if r != super::cuda::OK {
-                    undo(&made, made.len());
-                    return Err(r);
-                }
-                // SAFETY: `[start + i*g, +g)` lies inside the reserved range (checked
-                // against `max` above) and is not mapped (pages are mapped in order
-                // and `mapped` matched the segment's page count); `h` is a fresh
-                // allocation of exactly `g` bytes.
-                let r = unsafe { sys::cuMemMap(start + i as u64 * g, g as usize, 0, h, 0) };
-                if r != super::cuda::OK {
-                    // SAFETY: `h` was created above and never mapped.
-                    unsafe {
-                        let _ = sys::cuMemRelease(h);
-                    }
-                    undo(&made, made.len());
-                    return Err(r);
-                }
-                made.push(h);
-            }
-            // SAFETY: CUmemAccessDesc is a plain C struct (all-zero is valid); the
-            // range `[start, start+add)` was mapped just above.
-            let r = unsafe {
-                let mut desc: sys::CUmemAccessDesc = std::mem::zeroed();
-                desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-                desc.location.id = ordinal;
-                desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-                sys::cuMemSetAccess(start, add as usize, &desc, 1)
-            };
-            if r != super::cuda::OK {
-                undo(&made, made.len());
-                return Err(r);
-            }
-            Ok(made)
+        // SAFETY: `[start, start+add)` lies inside the reserved range (checked against
+        // `max` above) and nothing is mapped there (pages are mapped in order and
+        // `mapped` matched the segment's page count).
+        let r = self.timed(CallKind::Map, add, n as u32, |_| unsafe {
+            map_fresh(start, n, g, &prop, ordinal)
         });
         match r {
             Ok(made) => {
@@ -165,7 +127,7 @@ impl CudaBackend {
                     .get_mut(&base.0)
                     .expect("checked above")
                     .pages
-                    .extend(made);
+                    .extend(made.into_iter().map(Some));
                 self.used += add;
                 Ok(())
             }
@@ -195,6 +157,7 @@ impl CudaBackend {
         let n = (release / g) as usize;
         let keep = seg.pages.len() - n;
         let handles: Vec<_> = seg.pages[keep..].to_vec();
+        let backed = handles.iter().filter(|h| h.is_some()).count() as u64 * g;
         let from = base.0 + keep as u64 * g;
         let r = self.timed(CallKind::Unmap, release, n as u32, |_| {
             // SAFETY: library loaded, context current. The synchronization makes sure
@@ -207,6 +170,7 @@ impl CudaBackend {
                     return Err(("cuCtxSynchronize", r));
                 }
                 for (i, h) in handles.iter().enumerate() {
+                    let Some(h) = h else { continue };
                     let r = sys::cuMemUnmap(from + i as u64 * g, g as usize);
                     if r != super::cuda::OK {
                         return Err(("cuMemUnmap", r));
@@ -227,8 +191,116 @@ impl CudaBackend {
             .expect("checked above")
             .pages
             .truncate(keep);
-        self.used -= release;
+        self.used -= backed;
         Ok(())
+    }
+
+    /// The pages `[off, off+len)` of `base` (page-aligned, inside the mapped range),
+    /// if each is backed (`backed`) or each released; their first index.
+    fn page_range(
+        &self,
+        base: DevicePtr,
+        off: u64,
+        len: u64,
+        backed: bool,
+    ) -> Result<usize, BackendError> {
+        let g = self.granularity;
+        let seg = self.segment(base)?;
+        let ok = len > 0
+            && off.is_multiple_of(g)
+            && len.is_multiple_of(g)
+            && off
+                .checked_add(len)
+                .is_some_and(|e| e <= seg.pages.len() as u64 * g)
+            && seg.pages[(off / g) as usize..((off + len) / g) as usize]
+                .iter()
+                .all(|h| h.is_some() == backed);
+        if !ok {
+            return Err(BackendError::Invalid(format!(
+                "pages [{off}, +{len}) of {base} (mapped {}) are not all {}",
+                seg.pages.len() as u64 * g,
+                if backed { "backed" } else { "released" }
+            )));
+        }
+        Ok((off / g) as usize)
+    }
+
+    pub(super) fn vmm_unmap_pages(
+        &mut self,
+        base: DevicePtr,
+        off: u64,
+        len: u64,
+    ) -> Result<(), BackendError> {
+        let g = self.granularity;
+        let first = self.page_range(base, off, len, true)?;
+        let n = (len / g) as usize;
+        let handles: Vec<_> = self.segment(base)?.pages[first..first + n].to_vec();
+        self.bind()?;
+        let from = base.0 + off;
+        let r = self.timed(CallKind::Unmap, len, n as u32, |_| {
+            // SAFETY: library loaded, context current. The synchronization makes sure
+            // no queued work still reads or writes the pages; each page
+            // `[from + i*g, +g)` is mapped to `handles[i]` (checked above), and is
+            // unmapped and released once (marked released below).
+            unsafe {
+                let r = sys::cuCtxSynchronize();
+                if r != super::cuda::OK {
+                    return Err(("cuCtxSynchronize", r));
+                }
+                for (i, h) in handles.iter().enumerate() {
+                    let h = h.expect("checked backed");
+                    let r = sys::cuMemUnmap(from + i as u64 * g, g as usize);
+                    if r != super::cuda::OK {
+                        return Err(("cuMemUnmap", r));
+                    }
+                    let r = sys::cuMemRelease(h);
+                    if r != super::cuda::OK {
+                        return Err(("cuMemRelease", r));
+                    }
+                }
+            }
+            Ok(())
+        });
+        // As in a shrink: a driver failure part-way is a broken context, reported as is.
+        r.map_err(|(call, r)| driver_error(call, r))?;
+        let seg = self.growable.get_mut(&base.0).expect("checked above");
+        for h in &mut seg.pages[first..first + n] {
+            *h = None;
+        }
+        self.used -= len;
+        Ok(())
+    }
+
+    pub(super) fn vmm_map_pages(
+        &mut self,
+        base: DevicePtr,
+        off: u64,
+        len: u64,
+    ) -> Result<(), BackendError> {
+        let g = self.granularity;
+        let first = self.page_range(base, off, len, false)?;
+        let n = (len / g) as usize;
+        self.bind()?;
+        let prop = self.prop();
+        let (ordinal, start) = (self.ordinal, base.0 + off);
+        // SAFETY: `[start, start+len)` lies inside the segment's mapped range, reserved
+        // by `vmm_reserve`, and every page of it is released (checked above): nothing
+        // is mapped there.
+        let r = self.timed(CallKind::Map, len, n as u32, |_| unsafe {
+            map_fresh(start, n, g, &prop, ordinal)
+        });
+        match r {
+            Ok(made) => {
+                let seg = self.growable.get_mut(&base.0).expect("checked above");
+                for (slot, h) in seg.pages[first..first + n].iter_mut().zip(made) {
+                    *slot = Some(h);
+                }
+                self.used += len;
+                Ok(())
+            }
+            Err(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) => Err(self.oom(len)),
+            Err(r) => Err(driver_error("cuMemCreate/cuMemMap/cuMemSetAccess", r)),
+        }
     }
 
     pub(super) fn vmm_release(&mut self, base: DevicePtr, mapped: u64) -> Result<(), BackendError> {
@@ -243,4 +315,67 @@ impl CudaBackend {
         self.growable.remove(&base.0);
         Ok(())
     }
+}
+
+/// Creates `n` pages of `g` bytes and maps them at `[start, start + n*g)`, then grants
+/// the device read-write access to the range. On any failure every page this call
+/// created is unmapped and released: nothing changed.
+///
+/// # Safety
+/// The CUDA library is loaded and the context current; `[start, start + n*g)` lies
+/// inside an address range reserved with `cuMemAddressReserve` and nothing is mapped in
+/// it.
+unsafe fn map_fresh(
+    start: u64,
+    n: usize,
+    g: u64,
+    prop: &sys::CUmemAllocationProp,
+    ordinal: i32,
+) -> Result<Vec<sys::CUmemGenericAllocationHandle>, sys::CUresult> {
+    let mut made: Vec<sys::CUmemGenericAllocationHandle> = Vec::with_capacity(n);
+    let undo = |made: &[sys::CUmemGenericAllocationHandle]| {
+        for (i, h) in made.iter().enumerate() {
+            // SAFETY: pages this call created and mapped; undone once, nothing used
+            // them yet.
+            unsafe {
+                let _ = sys::cuMemUnmap(start + i as u64 * g, g as usize);
+                let _ = sys::cuMemRelease(*h);
+            }
+        }
+    };
+    for i in 0..n {
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: the caller's contract; `h` and `prop` are live.
+        let r = unsafe { sys::cuMemCreate(&mut h, g as usize, prop, 0) };
+        if r != super::cuda::OK {
+            undo(&made);
+            return Err(r);
+        }
+        // SAFETY: `[start + i*g, +g)` is inside the caller's unmapped reserved range;
+        // `h` is a fresh allocation of exactly `g` bytes.
+        let r = unsafe { sys::cuMemMap(start + i as u64 * g, g as usize, 0, h, 0) };
+        if r != super::cuda::OK {
+            // SAFETY: `h` was created above and never mapped.
+            unsafe {
+                let _ = sys::cuMemRelease(h);
+            }
+            undo(&made);
+            return Err(r);
+        }
+        made.push(h);
+    }
+    // SAFETY: CUmemAccessDesc is a plain C struct (all-zero is valid); the range
+    // `[start, start + n*g)` was mapped just above.
+    let r = unsafe {
+        let mut desc: sys::CUmemAccessDesc = std::mem::zeroed();
+        desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        desc.location.id = ordinal;
+        desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        sys::cuMemSetAccess(start, n * g as usize, &desc, 1)
+    };
+    if r != super::cuda::OK {
+        undo(&made);
+        return Err(r);
+    }
+    Ok(made)
 }

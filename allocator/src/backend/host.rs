@@ -16,7 +16,7 @@
 //! block says why it is sound (the crate docs list every place `unsafe` lives).
 
 use std::alloc::Layout;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
     BackendError, DeviceBackend, DevicePtr, EventId, HostPtr, MemRef, StreamId, StreamPriority,
@@ -31,6 +31,9 @@ struct Region {
     len: u64,
     /// Accessible prefix (== len except for growable segments).
     mapped: u64,
+    /// Growable: offsets of the pages inside `[0, mapped)` that `unmap_pages` released
+    /// (an access to them is refused, as the device would fault).
+    unbacked: BTreeSet<u64>,
     layout: Layout,
     kind: RegionKind,
 }
@@ -98,6 +101,7 @@ impl HostBackend {
                 raw: p as usize,
                 len: bytes,
                 mapped,
+                unbacked: BTreeSet::new(),
                 layout,
                 kind,
             },
@@ -129,6 +133,16 @@ impl HostBackend {
                 r.mapped
             )));
         }
+        if !r.unbacked.is_empty() && len > 0 {
+            let g = self.granularity();
+            let first = (addr - base) / g * g;
+            if let Some(p) = r.unbacked.range(first..end - base).next() {
+                return Err(BackendError::Invalid(format!(
+                    "[{addr:#x}, {end:#x}) touches the released page at {:#x}",
+                    base + p
+                )));
+            }
+        }
         Ok(addr as *mut u8)
     }
 
@@ -152,6 +166,40 @@ impl HostBackend {
             Some(true) => Ok(()),
             _ => Err(BackendError::Invalid(format!("unknown event {}", e.0))),
         }
+    }
+}
+
+impl HostBackend {
+    /// The growable region at `base`, if `[off, off+len)` is whole pages inside its
+    /// mapped range, each backed (`backed`) or each released.
+    fn pages(
+        &mut self,
+        base: DevicePtr,
+        off: u64,
+        len: u64,
+        backed: bool,
+    ) -> Result<&mut Region, BackendError> {
+        let g = self.granularity();
+        let r = self
+            .regions
+            .get_mut(&base.0)
+            .filter(|r| r.kind == RegionKind::Growable)
+            .ok_or_else(|| BackendError::Invalid(format!("unknown growable segment {base}")))?;
+        let ok = len > 0
+            && off.is_multiple_of(g)
+            && len.is_multiple_of(g)
+            && off.checked_add(len).is_some_and(|e| e <= r.mapped)
+            && (off..off + len)
+                .step_by(g as usize)
+                .all(|p| r.unbacked.contains(&p) != backed);
+        if !ok {
+            return Err(BackendError::Invalid(format!(
+                "pages [{off}, +{len}) of {base} (mapped {}) are not all {}",
+                r.mapped,
+                if backed { "backed" } else { "released" }
+            )));
+        }
+        Ok(r)
     }
 }
 
@@ -216,8 +264,10 @@ impl DeviceBackend for HostBackend {
     }
 
     fn reserve_growable(&mut self, max_bytes: u64) -> Result<DevicePtr, BackendError> {
-        // A reserve larger than the capacity could never be mapped: cap it.
-        let max = max_bytes.min(self.capacity.next_multiple_of(self.granularity()));
+        // Twice the capacity at most: with pages released inside it, a segment can
+        // span more than the memory behind it, never more than twice (the allocator
+        // asks for that much).
+        let max = max_bytes.min(2 * self.capacity.next_multiple_of(self.granularity()));
         Ok(DevicePtr(self.raw_alloc(max, RegionKind::Growable)?))
     }
 
@@ -259,8 +309,44 @@ impl DeviceBackend for HostBackend {
                 r.mapped
             )));
         }
+        let from = r.mapped - release;
+        let holes = r.unbacked.split_off(&from).len() as u64 * g;
         r.mapped -= release;
-        self.used -= release;
+        self.used -= release - holes;
+        Ok(())
+    }
+
+    fn supports_page_release(&self) -> bool {
+        true
+    }
+
+    fn unmap_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
+        let g = self.granularity();
+        let r = self.pages(base, off, len, true)?;
+        r.unbacked.extend((off..off + len).step_by(g as usize));
+        self.used -= len;
+        Ok(())
+    }
+
+    fn map_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
+        let g = self.granularity();
+        let available = self.capacity - self.used;
+        let r = self.pages(base, off, len, false)?;
+        if len > available {
+            return Err(BackendError::OutOfMemory {
+                requested: len,
+                available,
+            });
+        }
+        for p in (off..off + len).step_by(g as usize) {
+            r.unbacked.remove(&p);
+        }
+        // Memory backed again holds no earlier bytes: poison it, so that a test reading
+        // data through a page that was released and backed again sees the loss.
+        // SAFETY: `[base+off, +len)` lies inside the region's allocation (checked by
+        // `pages` against `mapped <= len`), which this backend owns.
+        unsafe { std::ptr::write_bytes((base.0 + off) as *mut u8, 0xA5, len as usize) };
+        self.used += len;
         Ok(())
     }
 
@@ -273,7 +359,8 @@ impl DeviceBackend for HostBackend {
                 )))
             }
         }
-        self.used -= mapped;
+        let holes = self.regions[&base.0].unbacked.len() as u64 * self.granularity();
+        self.used -= mapped - holes;
         self.raw_free(base.0);
         Ok(())
     }

@@ -19,9 +19,10 @@ pub struct CallCounts {
     pub allocs: u64,
     /// Fixed segments returned (`cudaFree`).
     pub frees: u64,
-    /// Growable-segment maps (`cuMemCreate` + `cuMemMap` of one chunk).
+    /// Growable-segment maps (`cuMemCreate` + `cuMemMap` of one chunk, or of pages
+    /// backed again).
     pub maps: u64,
-    /// Growable-segment unmaps.
+    /// Growable-segment unmaps (a tail, or pages inside the mapped range).
     pub unmaps: u64,
     pub alloc_bytes: u64,
     pub free_bytes: u64,
@@ -112,6 +113,20 @@ impl<B: DeviceBackend> CountingView<'_, B> {
             c.free_bytes += release;
         })
     }
+    fn map_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
+        let r = self.0.inner.map_pages(base, off, len);
+        self.tally(r, |c| {
+            c.maps += 1;
+            c.alloc_bytes += len;
+        })
+    }
+    fn unmap_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
+        let r = self.0.inner.unmap_pages(base, off, len);
+        self.tally(r, |c| {
+            c.unmaps += 1;
+            c.free_bytes += len;
+        })
+    }
     fn release_growable(&mut self, base: DevicePtr, mapped: u64) -> Result<(), BackendError> {
         let r = self.0.inner.release_growable(base, mapped);
         self.tally(r, |c| {
@@ -190,6 +205,10 @@ impl<B: DeviceBackend> LimitView<'_, B> {
     fn grow(&mut self, base: DevicePtr, mapped: u64, add: u64) -> Result<(), BackendError> {
         self.0.check(add)?;
         self.0.inner.grow(base, mapped, add)
+    }
+    fn map_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
+        self.0.check(len)?;
+        self.0.inner.map_pages(base, off, len)
     }
 }
 
@@ -307,6 +326,10 @@ impl<B: DeviceBackend> FailView<'_, B> {
     fn grow(&mut self, base: DevicePtr, mapped: u64, add: u64) -> Result<(), BackendError> {
         self.0.alloc_fails(add)?;
         self.0.inner.grow(base, mapped, add)
+    }
+    fn map_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
+        self.0.alloc_fails(len)?;
+        self.0.inner.map_pages(base, off, len)
     }
     fn copy(
         &mut self,

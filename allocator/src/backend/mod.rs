@@ -134,7 +134,10 @@ impl BackendError {
 /// - growable segments: `reserve_growable(max)` reserves `max` bytes of address space
 ///   and maps nothing; `grow(base, mapped, add)` maps `[base+mapped, base+mapped+add)`
 ///   (`add` a multiple of `granularity()`), `shrink(base, mapped, release)` unmaps
-///   the last `release` bytes, `release_growable` unmaps everything and frees the range.
+///   the last `release` bytes, `release_growable` unmaps everything and frees the range;
+///   where `supports_page_release`, `unmap_pages` / `map_pages` release and back pages
+///   inside the mapped range, and `shrink` / `release_growable` then give back only the
+///   pages of their range that are backed (`used` falls by those).
 /// - the copy functions with a stream are asynchronous: the copy is ordered after the
 ///   work already queued on that stream and is complete when an event recorded after
 ///   it is. Callers must not free or reuse either buffer before then.
@@ -184,6 +187,24 @@ pub trait DeviceBackend: Send {
         Err(BackendError::Unsupported(self.name()))
     }
     fn release_growable(&mut self, _base: DevicePtr, _mapped: u64) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported(self.name()))
+    }
+    /// Whether pages inside a growable segment's mapped range can be unmapped and
+    /// mapped again one by one ([`DeviceBackend::unmap_pages`]).
+    fn supports_page_release(&self) -> bool {
+        false
+    }
+    /// Gives back the physical memory of `[base+off, base+off+len)`, pages of
+    /// `granularity()` inside the mapped range, all of them backed: afterwards the range
+    /// has no memory behind it (an access to it is an error) and `used` is `len` lower.
+    /// Waits for the work queued on the device first (unmapping is not ordered with it).
+    fn unmap_pages(&mut self, _base: DevicePtr, _off: u64, _len: u64) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported(self.name()))
+    }
+    /// Backs `[base+off, base+off+len)` again (pages inside the mapped range that
+    /// `unmap_pages` released): `used` is `len` higher; out of memory leaves every page
+    /// as it was.
+    fn map_pages(&mut self, _base: DevicePtr, _off: u64, _len: u64) -> Result<(), BackendError> {
         Err(BackendError::Unsupported(self.name()))
     }
 
@@ -265,6 +286,15 @@ macro_rules! forward_backend {
         fn release_growable(&mut $s, base: $crate::backend::DevicePtr, mapped: u64)
             -> Result<(), $crate::backend::BackendError> {
             ($($inner)+).release_growable(base, mapped)
+        }
+        fn supports_page_release(&$s) -> bool { ($($rinner)+).supports_page_release() }
+        fn unmap_pages(&mut $s, base: $crate::backend::DevicePtr, off: u64, len: u64)
+            -> Result<(), $crate::backend::BackendError> {
+            ($($inner)+).unmap_pages(base, off, len)
+        }
+        fn map_pages(&mut $s, base: $crate::backend::DevicePtr, off: u64, len: u64)
+            -> Result<(), $crate::backend::BackendError> {
+            ($($inner)+).map_pages(base, off, len)
         }
         fn allocate_host(&mut $s, bytes: u64, pinned: bool)
             -> Result<$crate::backend::HostPtr, $crate::backend::BackendError> {

@@ -18,9 +18,11 @@
 //!   CUDA backend (docs/cuda.md: `cuMemCreate` + `cuMemMap` per page, `cuMemUnmap` +
 //!   `cuMemRelease` per page). Before that measurement the sim charged `cudaMalloc(n)`
 //!   / `cudaFree(n)` for `n` bytes, which is right for one page and 12x (32 MiB) to 86x
-//!   (256 MiB) too cheap for larger growths.
+//!   (256 MiB) too cheap for larger growths. Pages inside a segment released and backed
+//!   again (`unmap_pages`, `map_pages`) cost the same per page; a release synchronizes
+//!   the device first, as a shrink does.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use super::{
     BackendError, CopyKind, DeviceBackend, DevicePtr, EventId, HostPtr, MemRef, StreamId,
@@ -179,6 +181,9 @@ pub struct SimBackend {
     next_va: u64,
     fixed: HashMap<u64, u64>,
     growable: HashMap<u64, (u64, u64)>,
+    /// Per growable segment: offsets of the pages inside its mapped range that
+    /// `unmap_pages` released (no memory behind them).
+    unbacked: HashMap<u64, BTreeSet<u64>>,
     host: HashMap<u64, (u64, bool)>,
     next_host: u64,
     now: f64,
@@ -196,6 +201,38 @@ pub struct SimBackend {
 pub const H200_CAPACITY: u64 = 141 * (1 << 30);
 
 impl SimBackend {
+    /// Checks that `[off, off+len)` is whole pages inside `base`'s mapped range, each
+    /// backed (`backed`) or each released (`!backed`).
+    fn check_pages(
+        &self,
+        base: DevicePtr,
+        off: u64,
+        len: u64,
+        backed: bool,
+    ) -> Result<(), BackendError> {
+        let g = self.granularity();
+        let &(_, mapped) = self
+            .growable
+            .get(&base.0)
+            .ok_or_else(|| BackendError::Invalid(format!("unknown growable segment {base}")))?;
+        let set = self.unbacked.get(&base.0);
+        let ok = len > 0
+            && off.is_multiple_of(g)
+            && len.is_multiple_of(g)
+            && off.checked_add(len).is_some_and(|e| e <= mapped)
+            && (off..off + len)
+                .step_by(g as usize)
+                .all(|p| set.is_some_and(|s| s.contains(&p)) != backed);
+        if ok {
+            Ok(())
+        } else {
+            Err(BackendError::Invalid(format!(
+                "pages [{off}, +{len}) of {base} (mapped {mapped}) are not all {}",
+                if backed { "backed" } else { "released" }
+            )))
+        }
+    }
+
     /// An H200: 141 GiB, measured costs.
     pub fn h200() -> Self {
         Self::new(H200_CAPACITY, CostModel::h200())
@@ -209,6 +246,7 @@ impl SimBackend {
             next_va: 0x7f00_0000_0000,
             fixed: HashMap::new(),
             growable: HashMap::new(),
+            unbacked: HashMap::new(),
             host: HashMap::new(),
             next_host: 0x1000_0000_0000,
             now: 0.0,
@@ -417,10 +455,51 @@ impl DeviceBackend for SimBackend {
             )));
         }
         self.sync_device();
-        let cost = self.cost.unmap_page_us * (release / self.granularity()).max(1) as f64;
+        let g = self.granularity();
+        let holes = match self.unbacked.get_mut(&base.0) {
+            Some(set) => {
+                let gone: Vec<u64> = set.range(mapped - release..).copied().collect();
+                for p in &gone {
+                    set.remove(p);
+                }
+                gone.len() as u64 * g
+            }
+            None => 0,
+        };
+        let cost = self.cost.unmap_page_us * ((release - holes) / g).max(1) as f64;
         self.block(cost);
-        self.used -= release;
+        self.used -= release - holes;
         self.growable.insert(base.0, (max, mapped - release));
+        Ok(())
+    }
+
+    fn supports_page_release(&self) -> bool {
+        true
+    }
+
+    fn unmap_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
+        self.check_pages(base, off, len, true)?;
+        self.sync_device();
+        let g = self.granularity();
+        self.block(self.cost.unmap_page_us * (len / g) as f64);
+        let set = self.unbacked.entry(base.0).or_default();
+        set.extend((off..off + len).step_by(g as usize));
+        self.used -= len;
+        Ok(())
+    }
+
+    fn map_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
+        self.check_pages(base, off, len, false)?;
+        let g = self.granularity();
+        self.block(self.cost.map_page_us * (len / g) as f64);
+        if len > self.capacity - self.used {
+            return Err(self.oom(len));
+        }
+        let set = self.unbacked.get_mut(&base.0).expect("checked");
+        for p in (off..off + len).step_by(g as usize) {
+            set.remove(&p);
+        }
+        self.used += len;
         Ok(())
     }
 
@@ -431,6 +510,7 @@ impl DeviceBackend for SimBackend {
         self.growable
             .remove(&base.0)
             .ok_or_else(|| BackendError::Invalid(format!("unknown growable segment {base}")))?;
+        self.unbacked.remove(&base.0);
         Ok(())
     }
 

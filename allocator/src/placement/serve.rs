@@ -129,6 +129,9 @@ impl<B: DeviceBackend> Allocator<B> {
             if need > room {
                 return Err(false);
             }
+            let tail_page = (mapped - pool.buddy.trailing_free(seg)) / granule;
+            self.make_room(add, Some((stream, seg, tail_page, u64::MAX)))
+                .map_err(|_| true)?;
             if self.backend.grow(DevicePtr(base), mapped, add).is_err() {
                 if add == need || self.backend.grow(DevicePtr(base), mapped, need).is_err() {
                     return Err(true);
@@ -152,7 +155,9 @@ impl<B: DeviceBackend> Allocator<B> {
             .and_then(|(s, blk)| (s == seg).then_some(blk));
         let pool = self.pools[stream as usize].as_mut().expect("pool");
         let spot: Spot = pool.buddy.spot_near(seg, from, off, len).ok_or(false)?;
-        Ok(pool.buddy.carve_at(spot, len, owner))
+        let (run, at) = pool.buddy.carve_at(spot, len, owner);
+        self.back_or_undo(stream, &run, len).map_err(|_| true)?;
+        Ok((run, at))
     }
 
     /// Planned placement at an iteration boundary: plans each stream's next iteration.

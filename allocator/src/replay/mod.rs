@@ -369,6 +369,8 @@ impl<B: DeviceBackend> ReplayTarget for Allocator<B> {
             "forecasts_used": s.forecasts_used,
             "advice_applied": s.advice_applied,
             "ahead_device_us": s.ahead_device_us,
+            "pages_released": s.pages_released,
+            "pages_backed": s.pages_backed,
             "placement": self.placement_stats(),
             "config": self.config(),
         })

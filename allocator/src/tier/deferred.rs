@@ -183,6 +183,11 @@ impl DeferredView<'_> {
             .check_idle("device unmap", base.0 + mapped - release, release, true);
         self.0.inner.shrink(base, mapped, release)
     }
+    fn unmap_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
+        self.0
+            .check_idle("device page release", base.0 + off, len, true);
+        self.0.inner.unmap_pages(base, off, len)
+    }
     fn release_growable(&mut self, base: DevicePtr, mapped: u64) -> Result<(), BackendError> {
         self.0.check_idle("device unmap", base.0, mapped, true);
         self.0.inner.release_growable(base, mapped)
