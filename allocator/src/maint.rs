@@ -100,7 +100,7 @@ impl<B: DeviceBackend> Allocator<B> {
         let run = pool.buddy.carve(spot, len, owner);
         // Page release: released pages under the run are backed, or the carve is
         // undone and this is a miss.
-        if !small && self.back_or_undo(stream, &run, len).is_err() {
+        if !small && pool.pages.count != 0 && self.back_or_undo(stream, &run, len).is_err() {
             return None;
         }
         Some(run)

@@ -576,9 +576,9 @@ impl<B: DeviceBackend> Allocator<B> {
             // The record id comes first so that the run's nodes carry it.
             let id = reserve(&mut self.records, &mut self.free_records);
             let (run, base) = pool.buddy.carve_at(spot, len, id);
-            // Page release: one load and a compare unless pages of the pool are
-            // released; pages that cannot be backed undo the carve (a miss).
-            if self.back_or_undo(stream, &run, len).is_err() {
+            // Page release: one load and a compare of the pool at hand unless pages of
+            // it are released; pages that cannot be backed undo the carve (a miss).
+            if pool.pages.count != 0 && self.back_or_undo(stream, &run, len).is_err() {
                 self.free_records.push(id);
                 return self.alloc_large_slow(bytes, len, stream, false);
             }
