@@ -159,29 +159,11 @@ impl CudaBackend {
         let handles: Vec<_> = seg.pages[keep..].to_vec();
         let backed = handles.iter().filter(|h| h.is_some()).count() as u64 * g;
         let from = base.0 + keep as u64 * g;
-        let r = self.timed(CallKind::Unmap, release, n as u32, |_| {
-            // SAFETY: library loaded, context current. The synchronization makes sure
-            // no queued work still reads or writes the pages; each page
-            // `[from + i*g, +g)` was mapped by `vmm_grow` to `handles[i]`, and is
-            // unmapped and released once (dropped from the segment below).
-            unsafe {
-                let r = sys::cuCtxSynchronize();
-                if r != super::cuda::OK {
-                    return Err(("cuCtxSynchronize", r));
-                }
-                for (i, h) in handles.iter().enumerate() {
-                    let Some(h) = h else { continue };
-                    let r = sys::cuMemUnmap(from + i as u64 * g, g as usize);
-                    if r != super::cuda::OK {
-                        return Err(("cuMemUnmap", r));
-                    }
-                    let r = sys::cuMemRelease(*h);
-                    if r != super::cuda::OK {
-                        return Err(("cuMemRelease", r));
-                    }
-                }
-            }
-            Ok(())
+        // SAFETY: each page `[from + i*g, +g)` with a handle was mapped by `vmm_grow` or
+        // `vmm_map_pages` to `handles[i]`, and is given back once (dropped from the
+        // segment below).
+        let r = self.timed(CallKind::Unmap, release, n as u32, |_| unsafe {
+            sync_unmap_release(from, &handles, g)
         });
         // Pages are dropped from the segment only when all of them were given back; a
         // driver failure here is a broken context, reported as is.
@@ -195,8 +177,8 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The pages `[off, off+len)` of `base` (page-aligned, inside the mapped range),
-    /// if each is backed (`backed`) or each released; their first index.
+    /// The first page of `[off, off+len)` of `base`, if the range passes
+    /// [`super::check_page_range`] (each page backed, or each released).
     fn page_range(
         &self,
         base: DevicePtr,
@@ -206,22 +188,9 @@ impl CudaBackend {
     ) -> Result<usize, BackendError> {
         let g = self.granularity;
         let seg = self.segment(base)?;
-        let ok = len > 0
-            && off.is_multiple_of(g)
-            && len.is_multiple_of(g)
-            && off
-                .checked_add(len)
-                .is_some_and(|e| e <= seg.pages.len() as u64 * g)
-            && seg.pages[(off / g) as usize..((off + len) / g) as usize]
-                .iter()
-                .all(|h| h.is_some() == backed);
-        if !ok {
-            return Err(BackendError::Invalid(format!(
-                "pages [{off}, +{len}) of {base} (mapped {}) are not all {}",
-                seg.pages.len() as u64 * g,
-                if backed { "backed" } else { "released" }
-            )));
-        }
+        let mapped = seg.pages.len() as u64 * g;
+        let released = |p: u64| seg.pages[(p / g) as usize].is_none();
+        super::check_page_range(base, (off, len), (g, mapped), backed, released)?;
         Ok((off / g) as usize)
     }
 
@@ -237,29 +206,10 @@ impl CudaBackend {
         let handles: Vec<_> = self.segment(base)?.pages[first..first + n].to_vec();
         self.bind()?;
         let from = base.0 + off;
-        let r = self.timed(CallKind::Unmap, len, n as u32, |_| {
-            // SAFETY: library loaded, context current. The synchronization makes sure
-            // no queued work still reads or writes the pages; each page
-            // `[from + i*g, +g)` is mapped to `handles[i]` (checked above), and is
-            // unmapped and released once (marked released below).
-            unsafe {
-                let r = sys::cuCtxSynchronize();
-                if r != super::cuda::OK {
-                    return Err(("cuCtxSynchronize", r));
-                }
-                for (i, h) in handles.iter().enumerate() {
-                    let h = h.expect("checked backed");
-                    let r = sys::cuMemUnmap(from + i as u64 * g, g as usize);
-                    if r != super::cuda::OK {
-                        return Err(("cuMemUnmap", r));
-                    }
-                    let r = sys::cuMemRelease(h);
-                    if r != super::cuda::OK {
-                        return Err(("cuMemRelease", r));
-                    }
-                }
-            }
-            Ok(())
+        // SAFETY: each page `[from + i*g, +g)` is mapped to `handles[i]` (checked
+        // above: all backed), and is given back once (marked released below).
+        let r = self.timed(CallKind::Unmap, len, n as u32, |_| unsafe {
+            sync_unmap_release(from, &handles, g)
         });
         // As in a shrink: a driver failure part-way is a broken context, reported as is.
         r.map_err(|(call, r)| driver_error(call, r))?;
@@ -378,4 +328,38 @@ unsafe fn map_fresh(
         return Err(r);
     }
     Ok(made)
+}
+
+/// Waits for the device, then unmaps and releases each page `[from + i*g, +g)` that has a
+/// handle in `handles` (a `None` is a page released before: nothing mapped there).
+/// Stops at the first failing call and names it.
+///
+/// # Safety
+/// The CUDA library is loaded and the context current; each `Some(h)` is the handle
+/// mapped at its page, and no one uses these pages or handles afterwards.
+unsafe fn sync_unmap_release(
+    from: u64,
+    handles: &[Option<sys::CUmemGenericAllocationHandle>],
+    g: u64,
+) -> Result<(), (&'static str, sys::CUresult)> {
+    // SAFETY: the caller's contract. The synchronization makes sure no queued work
+    // still reads or writes the pages (unmapping is not ordered with it).
+    unsafe {
+        let r = sys::cuCtxSynchronize();
+        if r != super::cuda::OK {
+            return Err(("cuCtxSynchronize", r));
+        }
+        for (i, h) in handles.iter().enumerate() {
+            let Some(h) = h else { continue };
+            let r = sys::cuMemUnmap(from + i as u64 * g, g as usize);
+            if r != super::cuda::OK {
+                return Err(("cuMemUnmap", r));
+            }
+            let r = sys::cuMemRelease(*h);
+            if r != super::cuda::OK {
+                return Err(("cuMemRelease", r));
+            }
+        }
+    }
+    Ok(())
 }

@@ -170,8 +170,16 @@ impl HostBackend {
 }
 
 impl HostBackend {
-    /// The growable region at `base`, if `[off, off+len)` is whole pages inside its
-    /// mapped range, each backed (`backed`) or each released.
+    /// The growable region at `base`.
+    fn growable_mut(&mut self, base: DevicePtr) -> Result<&mut Region, BackendError> {
+        self.regions
+            .get_mut(&base.0)
+            .filter(|r| r.kind == RegionKind::Growable)
+            .ok_or_else(|| BackendError::Invalid(format!("unknown growable segment {base}")))
+    }
+
+    /// The growable region at `base`, if `[off, off+len)` passes
+    /// [`super::check_page_range`] (each page backed, or each released).
     fn pages(
         &mut self,
         base: DevicePtr,
@@ -180,25 +188,9 @@ impl HostBackend {
         backed: bool,
     ) -> Result<&mut Region, BackendError> {
         let g = self.granularity();
-        let r = self
-            .regions
-            .get_mut(&base.0)
-            .filter(|r| r.kind == RegionKind::Growable)
-            .ok_or_else(|| BackendError::Invalid(format!("unknown growable segment {base}")))?;
-        let ok = len > 0
-            && off.is_multiple_of(g)
-            && len.is_multiple_of(g)
-            && off.checked_add(len).is_some_and(|e| e <= r.mapped)
-            && (off..off + len)
-                .step_by(g as usize)
-                .all(|p| r.unbacked.contains(&p) != backed);
-        if !ok {
-            return Err(BackendError::Invalid(format!(
-                "pages [{off}, +{len}) of {base} (mapped {}) are not all {}",
-                r.mapped,
-                if backed { "backed" } else { "released" }
-            )));
-        }
+        let r = self.growable_mut(base)?;
+        let released = |p| r.unbacked.contains(&p);
+        super::check_page_range(base, (off, len), (g, r.mapped), backed, released)?;
         Ok(r)
     }
 }
@@ -274,11 +266,7 @@ impl DeviceBackend for HostBackend {
     fn grow(&mut self, base: DevicePtr, mapped: u64, add: u64) -> Result<(), BackendError> {
         let g = self.granularity();
         let available = self.capacity - self.used;
-        let r = self
-            .regions
-            .get_mut(&base.0)
-            .filter(|r| r.kind == RegionKind::Growable)
-            .ok_or_else(|| BackendError::Invalid(format!("unknown growable segment {base}")))?;
+        let r = self.growable_mut(base)?;
         if r.mapped != mapped || !add.is_multiple_of(g) {
             return Err(BackendError::Invalid(format!(
                 "grow of {base}: mapped {mapped} (backend has {}), add {add}",
@@ -298,11 +286,7 @@ impl DeviceBackend for HostBackend {
 
     fn shrink(&mut self, base: DevicePtr, mapped: u64, release: u64) -> Result<(), BackendError> {
         let g = self.granularity();
-        let r = self
-            .regions
-            .get_mut(&base.0)
-            .filter(|r| r.kind == RegionKind::Growable)
-            .ok_or_else(|| BackendError::Invalid(format!("unknown growable segment {base}")))?;
+        let r = self.growable_mut(base)?;
         if r.mapped != mapped || release > mapped || !release.is_multiple_of(g) {
             return Err(BackendError::Invalid(format!(
                 "shrink of {base}: mapped {mapped} (backend has {}), release {release}",

@@ -126,6 +126,34 @@ impl BackendError {
     }
 }
 
+/// The contract of [`DeviceBackend::unmap_pages`] / [`DeviceBackend::map_pages`], for
+/// the backends to share: `[off, off+len)` is whole pages of `g` bytes inside the mapped
+/// range `[0, mapped)` of the segment at `base`, each backed (`backed`) or each
+/// released (`released(page offset)` says which).
+pub(crate) fn check_page_range(
+    base: DevicePtr,
+    (off, len): (u64, u64),
+    (g, mapped): (u64, u64),
+    backed: bool,
+    released: impl Fn(u64) -> bool,
+) -> Result<(), BackendError> {
+    let ok = len > 0
+        && off.is_multiple_of(g)
+        && len.is_multiple_of(g)
+        && off.checked_add(len).is_some_and(|e| e <= mapped)
+        && (off..off + len)
+            .step_by(g as usize)
+            .all(|p| released(p) != backed);
+    if ok {
+        Ok(())
+    } else {
+        Err(BackendError::Invalid(format!(
+            "pages [{off}, +{len}) of {base} (mapped {mapped}) are not all {}",
+            if backed { "backed" } else { "released" }
+        )))
+    }
+}
+
 /// Where device memory comes from, how bytes move, and how work is ordered.
 ///
 /// Contract for implementors:

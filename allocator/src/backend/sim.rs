@@ -201,8 +201,7 @@ pub struct SimBackend {
 pub const H200_CAPACITY: u64 = 141 * (1 << 30);
 
 impl SimBackend {
-    /// Checks that `[off, off+len)` is whole pages inside `base`'s mapped range, each
-    /// backed (`backed`) or each released (`!backed`).
+    /// [`super::check_page_range`] for the growable segment at `base`.
     fn check_pages(
         &self,
         base: DevicePtr,
@@ -210,27 +209,19 @@ impl SimBackend {
         len: u64,
         backed: bool,
     ) -> Result<(), BackendError> {
-        let g = self.granularity();
         let &(_, mapped) = self
             .growable
             .get(&base.0)
             .ok_or_else(|| BackendError::Invalid(format!("unknown growable segment {base}")))?;
         let set = self.unbacked.get(&base.0);
-        let ok = len > 0
-            && off.is_multiple_of(g)
-            && len.is_multiple_of(g)
-            && off.checked_add(len).is_some_and(|e| e <= mapped)
-            && (off..off + len)
-                .step_by(g as usize)
-                .all(|p| set.is_some_and(|s| s.contains(&p)) != backed);
-        if ok {
-            Ok(())
-        } else {
-            Err(BackendError::Invalid(format!(
-                "pages [{off}, +{len}) of {base} (mapped {mapped}) are not all {}",
-                if backed { "backed" } else { "released" }
-            )))
-        }
+        let released = |p| set.is_some_and(|s| s.contains(&p));
+        super::check_page_range(
+            base,
+            (off, len),
+            (self.granularity(), mapped),
+            backed,
+            released,
+        )
     }
 
     /// An H200: 141 GiB, measured costs.
