@@ -134,6 +134,22 @@ fn options_that_cannot_apply_are_errors() {
         ),
         (vec!["replay", &t, "--no-prefetch"], "--no-prefetch"),
         (vec!["replay", &t, "--no-arena"], "--no-arena"),
+        (
+            vec!["replay", &t, "--watermarks", "0.9,0.8"],
+            "--watermarks",
+        ),
+        (
+            vec!["replay", &t, "--budget", "60%", "--watermarks", "0.8,0.9"],
+            "--watermarks \"0.8,0.9\"",
+        ),
+        (
+            vec!["replay", &t, "--budget", "60%", "--watermarks", "1.5,0.5"],
+            "(0, 1]",
+        ),
+        (
+            vec!["replay", &t, "--budget", "60%", "--watermarks", "0.9"],
+            "HIGH,LOW",
+        ),
         (vec!["replay", &t, "--policy", "reactive"], "--budget"),
         (
             vec!["replay", &t, "--policy", "pytorch", "--conf", "run_scan:4"],
@@ -172,6 +188,25 @@ fn a_missing_model_is_an_error_naming_it() {
         "/nonexistent/model-dir",
     ]);
     assert!(e.contains("/nonexistent/model-dir"), "{e}");
+}
+
+/// --watermarks sets when spilling starts: at 1,1 nothing spills ahead of an
+/// out-of-memory, so the out-of-memory path spills more than with the defaults.
+#[test]
+fn watermarks_move_the_spills_to_the_out_of_memory_path() {
+    let t = bundled("resnet50_b64_train");
+    let oom_spills = |extra: &[&str]| {
+        let mut args = vec![
+            "replay", &t, "--policy", "reactive", "--budget", "60%", "--json",
+        ];
+        args.extend_from_slice(extra);
+        json(&args)["sync_spills"].as_u64().unwrap()
+    };
+    let (default, late) = (oom_spills(&[]), oom_spills(&["--watermarks", "1,1"]));
+    assert!(
+        late > default,
+        "default {default} spills on the OOM path, 1,1: {late}"
+    );
 }
 
 /// Under a budget the allocator reserves the budget as one arena unless --no-arena:

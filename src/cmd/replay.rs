@@ -118,6 +118,11 @@ pub struct ReplayArgs {
     /// one segment, so that pressure frees and re-creates none).
     #[arg(long)]
     pub no_arena: bool,
+    /// With --budget: the spill watermarks, `HIGH,LOW` (shares of the budget; default
+    /// 0.9,0.8): spilling starts when allocated bytes would pass HIGH and goes down to
+    /// LOW.
+    #[arg(long, value_name = "HIGH,LOW")]
+    pub watermarks: Option<String>,
     /// With --budget: execute this plan (a `memcast-plan` JSON document of spills,
     /// prefetches and drops by trace event, e.g. written by memcast_torch's
     /// `Offload.write_trace`) instead of the reactive prefetcher.
@@ -213,6 +218,9 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
     }
     if args.no_arena && args.budget.is_none() {
         bail!("--no-arena applies to a replay under --budget only");
+    }
+    if args.watermarks.is_some() && args.budget.is_none() {
+        bail!("--watermarks applies to a replay under --budget only");
     }
     if args.budget.is_none() && ps.contains(&PolicyArg::Reactive) {
         bail!("--policy reactive needs --budget (bytes such as 8G, or a share of the trace's peak requested bytes such as 0.6 or 60%)");

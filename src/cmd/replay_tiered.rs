@@ -47,9 +47,14 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     // Allocator settings: the tiered replay's defaults (fixed segments), then the
     // environment and --conf on top.
     let alloc = super::alloc_config(args, TierReplayOptions::default().alloc)?;
+    let mut tier = TierReplayOptions::default().tier;
+    if let Some(w) = &args.watermarks {
+        (tier.high_watermark, tier.low_watermark) = parse_watermarks(w)?;
+    }
     let mut reports = Vec::new();
     for p in &policies {
         let opts = TierReplayOptions {
+            tier: tier.clone(),
             budget,
             device: match args.device {
                 DeviceArg::Sim => Device::Sim,
@@ -79,6 +84,22 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         bail!("{e}");
     }
     Ok(())
+}
+
+/// `HIGH,LOW`: two shares of the budget.
+fn parse_watermarks(s: &str) -> Result<(f64, f64)> {
+    let bad = || {
+        anyhow::anyhow!("--watermarks {s:?}: expected HIGH,LOW, two numbers in (0, 1] with LOW <= HIGH, such as 0.9,0.8")
+    };
+    let (h, l) = s.split_once(',').ok_or_else(bad)?;
+    let (h, l): (f64, f64) = (
+        h.trim().parse().map_err(|_| bad())?,
+        l.trim().parse().map_err(|_| bad())?,
+    );
+    if !(h > 0.0 && h <= 1.0 && l > 0.0 && l <= h) {
+        return Err(bad());
+    }
+    Ok((h, l))
 }
 
 fn print_table(r: &TierReport) {
