@@ -9,7 +9,7 @@
 //! `nodefer`: plans bring wrapped moves back within their iteration,
 //! `TierConfig::plan_defer_wraps` off; `byaddr` / `noaddr`: `TierConfig::oom_by_address`
 //! on / off; `growable`: the allocator on growable segments, with its default page
-//! release, instead of fixed ones).
+//! release, instead of fixed ones; `peak`: with `growable`, page release at the peak).
 
 use memcast_alloc::config::Actions;
 use memcast_alloc::replay::ReplayForecaster;
@@ -75,6 +75,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             if flag("growable") {
                 opts.alloc.growable_segments = true;
+            }
+            if flag("peak") {
+                opts.alloc.page_release = memcast_alloc::config::PageRelease::Peak;
             }
             let r = replay_budgeted(&t, &opts)?;
             floor = r.peak_floor_overhead;

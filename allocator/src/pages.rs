@@ -15,8 +15,9 @@
 //! that hold a live (or cached) byte: at most one partial page at each end of each live
 //! stretch above the live bytes themselves.
 //!
-//! Costs: releasing pages synchronizes the device (unmapping is not ordered with queued
-//! work) and costs one unmap per page; backing costs one create + map per page. Both
+//! Costs: releasing pages waits for the pool's stream (unmapping is not ordered with
+//! queued work; work on other streams cannot be using a free block: their uses hold
+//! a block back until their events complete) and costs one unmap per page; backing costs one create + map per page. Both
 //! happen only on the slow paths: a miss that grows the device, a placement over a
 //! released page. The hot path pays one load and one branch (`PageMap::count`) per
 //! run placed from the free-block index; a run from the cache of freed runs was live,
@@ -258,7 +259,7 @@ impl<B: DeviceBackend> Allocator<B> {
                 .segs[seg]
                 .base;
             self.backend
-                .unmap_pages(DevicePtr(base), from * g, take * g)?;
+                .unmap_pages(DevicePtr(base), from * g, take * g, stream)?;
             let pool = self.pools[stream as usize].as_mut().expect("pool");
             for page in from..from + take {
                 pool.pages.set(page, true);

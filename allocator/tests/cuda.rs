@@ -196,18 +196,37 @@ fn growable_pages_are_released_and_backed_again() {
     b.grow(base, 0, 8 * g).unwrap();
     b.write(MemRef::Device(base.offset(7 * g)), &[5; 8])
         .unwrap();
+    // A release waits for the stream it names, not for the device: with a kernel
+    // still writing page 0 on another stream, releasing page 5 returns at once.
+    let (s, other) = (
+        b.create_stream(StreamPriority::Normal).unwrap(),
+        b.create_stream(StreamPriority::Normal).unwrap(),
+    );
+    b.launch_spin_fill(other, 400_000_000, base, 1024, 9)
+        .unwrap();
+    let busy = b.create_event().unwrap();
+    b.record_event(busy, other).unwrap();
+    // After the streams, the event and the first launch, which take device memory of
+    // their own.
     let (free0, _) = b.mem_info().unwrap();
-    // Release pages 2..6 while a kernel still writes page 2: the release waits for it.
-    let s = b.create_stream(StreamPriority::Normal).unwrap();
+    b.unmap_pages(base, 5 * g, g, s).unwrap();
+    assert!(
+        !b.query_event(busy).unwrap(),
+        "page release on an idle stream waited for another stream's kernel"
+    );
+    // Release pages 2..5 while a kernel on `s` still writes page 2: the release waits
+    // for it.
     b.launch_spin_fill(s, 50_000_000, base.offset(2 * g), 1024, 7)
         .unwrap();
     let t = Instant::now();
-    b.unmap_pages(base, 2 * g, 4 * g).unwrap();
+    b.unmap_pages(base, 2 * g, 3 * g, s).unwrap();
     assert!(
         t.elapsed().as_millis() >= 40,
         "page release returned after {:?}, before the pending kernel",
         t.elapsed()
     );
+    b.synchronize_event(busy).unwrap();
+    b.destroy_event(busy).unwrap();
     assert_eq!(b.used(), 4 * g);
     let (free1, _) = b.mem_info().unwrap();
     assert!(
@@ -218,7 +237,7 @@ fn growable_pages_are_released_and_backed_again() {
     assert!(b
         .read(MemRef::Device(base.offset(3 * g)), &mut out)
         .is_err());
-    assert!(b.unmap_pages(base, 2 * g, g).is_err(), "released twice");
+    assert!(b.unmap_pages(base, 2 * g, g, s).is_err(), "released twice");
     assert!(b.map_pages(base, 0, g).is_err(), "a backed page");
     // The pages around the hole keep their bytes.
     b.read(MemRef::Device(base.offset(7 * g)), &mut out)

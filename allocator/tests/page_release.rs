@@ -3,7 +3,7 @@
 
 use memcast_alloc::backend::host::HostBackend;
 use memcast_alloc::backend::sim::SimBackend;
-use memcast_alloc::backend::{DeviceBackend, MemRef};
+use memcast_alloc::backend::{DeviceBackend, MemRef, StreamPriority};
 use memcast_alloc::config::{AllocConfig, PageRelease};
 use memcast_alloc::{Allocation, Allocator};
 use proptest::prelude::*;
@@ -98,17 +98,17 @@ fn host_pages_released_refuse_access_and_come_back_poisoned() {
     b.grow(base, 0, 8 * MIB).unwrap();
     b.write(MemRef::Device(base.offset(2 * MIB)), &[7; 16])
         .unwrap();
-    b.unmap_pages(base, 2 * MIB, 4 * MIB).unwrap();
+    b.unmap_pages(base, 2 * MIB, 4 * MIB, 0).unwrap();
     assert_eq!(b.used(), 4 * MIB);
     assert!(b.write(MemRef::Device(base.offset(3 * MIB)), &[1]).is_err());
     assert!(b
         .write(MemRef::Device(base.offset(2 * MIB - 1)), &[1, 2])
         .is_err());
     b.write(MemRef::Device(base.offset(6 * MIB)), &[1]).unwrap();
-    assert!(b.unmap_pages(base, 2 * MIB, 2 * MIB).is_err(), "twice");
+    assert!(b.unmap_pages(base, 2 * MIB, 2 * MIB, 0).is_err(), "twice");
     assert!(b.map_pages(base, 0, 2 * MIB).is_err(), "a backed page");
     assert!(
-        b.unmap_pages(base, 8 * MIB, 2 * MIB).is_err(),
+        b.unmap_pages(base, 8 * MIB, 2 * MIB, 0).is_err(),
         "beyond the mapped range"
     );
     b.map_pages(base, 2 * MIB, 2 * MIB).unwrap();
@@ -129,7 +129,7 @@ fn sim_pages_cost_a_call_per_page_and_keep_the_count() {
     let base = b.reserve_growable(1 << 40).unwrap();
     b.grow(base, 0, 8 * MIB).unwrap();
     let t = b.now_us();
-    b.unmap_pages(base, 0, 4 * MIB).unwrap();
+    b.unmap_pages(base, 0, 4 * MIB, 0).unwrap();
     assert!(b.now_us() > t);
     assert_eq!(b.used(), 4 * MIB);
     assert!(b.map_pages(base, 4 * MIB, 2 * MIB).is_err(), "backed");
@@ -187,4 +187,37 @@ proptest! {
             prop_assert!(peak <= peak_off, "{:?}: {} > {}", mode, peak, peak_off);
         }
     }
+}
+
+/// A page release waits for the stream that owns the pages, not for the device: a
+/// copy in flight on another stream (a spill, a prefetch) does not hold it up.
+#[test]
+fn sim_page_release_waits_for_its_stream_only() {
+    let mut b = SimBackend::h200();
+    let unmap_us = b.cost_model().unmap_page_us;
+    let base = b.reserve_growable(1 << 40).unwrap();
+    b.grow(base, 0, 8 * MIB).unwrap();
+    let copies = b.create_stream(StreamPriority::Low).unwrap();
+    let host = b.allocate_host(1 << 30, true).unwrap();
+    let src = b.allocate(1 << 30, 0).unwrap();
+    // ~20 ms over the host link.
+    b.copy(
+        MemRef::Host(host),
+        MemRef::Device(src),
+        1 << 30,
+        Some(copies),
+    )
+    .unwrap();
+    let t = b.now_us();
+    b.unmap_pages(base, 0, 2 * MIB, 0).unwrap();
+    assert!(
+        (b.now_us() - t - unmap_us).abs() < 1e-6,
+        "waited {} us for a copy on another stream",
+        b.now_us() - t
+    );
+    b.unmap_pages(base, 2 * MIB, 2 * MIB, copies).unwrap();
+    assert!(
+        b.now_us() - t > 10_000.0,
+        "did not wait for the copy's stream"
+    );
 }

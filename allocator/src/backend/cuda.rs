@@ -513,8 +513,14 @@ impl DeviceBackend for CudaBackend {
     fn supports_page_release(&self) -> bool {
         true
     }
-    fn unmap_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
-        self.vmm_unmap_pages(base, off, len)
+    fn unmap_pages(
+        &mut self,
+        base: DevicePtr,
+        off: u64,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        self.vmm_unmap_pages(base, off, len, stream)
     }
     fn map_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
         self.vmm_map_pages(base, off, len)

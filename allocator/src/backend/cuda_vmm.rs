@@ -13,7 +13,8 @@
 //!   pages; unmapping is not ordered with it), then `cuMemUnmap` + `cuMemRelease` per
 //!   page from the end;
 //! - release: shrink to nothing, then `cuMemAddressFree`;
-//! - page release (`unmap_pages`): `cuCtxSynchronize`, then `cuMemUnmap` +
+//! - page release (`unmap_pages`): `cuStreamSynchronize` of the stream that owns the
+//!   pages (not the whole device, as PyTorch's expandable segments), then `cuMemUnmap` +
 //!   `cuMemRelease` of each page of a range inside the mapped part; `map_pages` backs
 //!   such pages again (`cuMemCreate` + `cuMemMap` each, one `cuMemSetAccess`). A
 //!   shrink or release skips the pages released this way.
@@ -26,7 +27,7 @@ use cudarc::driver::sys;
 
 use super::cuda::{check, driver_error, CudaBackend, Growable};
 use super::cuda_stats::CallKind;
-use super::{BackendError, DevicePtr};
+use super::{BackendError, DevicePtr, StreamId};
 
 impl CudaBackend {
     fn prop(&self) -> sys::CUmemAllocationProp {
@@ -111,27 +112,44 @@ impl CudaBackend {
                 available: seg.max - mapped,
             });
         }
-        self.bind()?;
-        let n = (add / g) as usize;
-        let prop = self.prop();
-        let (ordinal, start) = (self.ordinal, base.0 + mapped);
-        // SAFETY: `[start, start+add)` lies inside the reserved range (checked against
+        // SAFETY: `[base+mapped, +add)` lies inside the reserved range (checked against
         // `max` above) and nothing is mapped there (pages are mapped in order and
         // `mapped` matched the segment's page count).
-        let r = self.timed(CallKind::Map, add, n as u32, |_| unsafe {
+        let made = unsafe { self.map_range(base.0 + mapped, add)? };
+        self.growable
+            .get_mut(&base.0)
+            .expect("checked above")
+            .pages
+            .extend(made.into_iter().map(Some));
+        self.used += add;
+        Ok(())
+    }
+
+    /// Backs `[start, start+len)` with fresh pages ([`map_fresh`], timed as one map
+    /// call): their handles, in order. Out of memory (or any failure) leaves the range
+    /// as it was.
+    ///
+    /// # Safety
+    /// `[start, start+len)` lies inside a range reserved by `vmm_reserve`, whole pages,
+    /// and nothing is mapped in it.
+    unsafe fn map_range(
+        &mut self,
+        start: u64,
+        len: u64,
+    ) -> Result<Vec<sys::CUmemGenericAllocationHandle>, BackendError> {
+        let g = self.granularity;
+        let n = (len / g) as usize;
+        self.bind()?;
+        let prop = self.prop();
+        let ordinal = self.ordinal;
+        // SAFETY: the caller's contract; the library is loaded (a backend exists) and
+        // the context is current (bound above).
+        let r = self.timed(CallKind::Map, len, n as u32, |_| unsafe {
             map_fresh(start, n, g, &prop, ordinal)
         });
         match r {
-            Ok(made) => {
-                self.growable
-                    .get_mut(&base.0)
-                    .expect("checked above")
-                    .pages
-                    .extend(made.into_iter().map(Some));
-                self.used += add;
-                Ok(())
-            }
-            Err(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) => Err(self.oom(add)),
+            Ok(made) => Ok(made),
+            Err(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) => Err(self.oom(len)),
             Err(r) => Err(driver_error("cuMemCreate/cuMemMap/cuMemSetAccess", r)),
         }
     }
@@ -199,17 +217,25 @@ impl CudaBackend {
         base: DevicePtr,
         off: u64,
         len: u64,
+        stream: StreamId,
     ) -> Result<(), BackendError> {
         let g = self.granularity;
         let first = self.page_range(base, off, len, true)?;
         let n = (len / g) as usize;
         let handles: Vec<_> = self.segment(base)?.pages[first..first + n].to_vec();
+        let s = self.stream(stream)?;
         self.bind()?;
         let from = base.0 + off;
         // SAFETY: each page `[from + i*g, +g)` is mapped to `handles[i]` (checked
-        // above: all backed), and is given back once (marked released below).
+        // above: all backed), and is given back once (marked released below); `s` is a
+        // live stream, the only one whose queued work may use the pages (the contract
+        // of `unmap_pages`), and it is synchronized first.
         let r = self.timed(CallKind::Unmap, len, n as u32, |_| unsafe {
-            sync_unmap_release(from, &handles, g)
+            let r = sys::cuStreamSynchronize(s);
+            if r != super::cuda::OK {
+                return Err(("cuStreamSynchronize", r));
+            }
+            unmap_release(from, &handles, g)
         });
         // As in a shrink: a driver failure part-way is a broken context, reported as is.
         r.map_err(|(call, r)| driver_error(call, r))?;
@@ -230,27 +256,16 @@ impl CudaBackend {
         let g = self.granularity;
         let first = self.page_range(base, off, len, false)?;
         let n = (len / g) as usize;
-        self.bind()?;
-        let prop = self.prop();
-        let (ordinal, start) = (self.ordinal, base.0 + off);
-        // SAFETY: `[start, start+len)` lies inside the segment's mapped range, reserved
-        // by `vmm_reserve`, and every page of it is released (checked above): nothing
-        // is mapped there.
-        let r = self.timed(CallKind::Map, len, n as u32, |_| unsafe {
-            map_fresh(start, n, g, &prop, ordinal)
-        });
-        match r {
-            Ok(made) => {
-                let seg = self.growable.get_mut(&base.0).expect("checked above");
-                for (slot, h) in seg.pages[first..first + n].iter_mut().zip(made) {
-                    *slot = Some(h);
-                }
-                self.used += len;
-                Ok(())
-            }
-            Err(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) => Err(self.oom(len)),
-            Err(r) => Err(driver_error("cuMemCreate/cuMemMap/cuMemSetAccess", r)),
+        // SAFETY: `[base+off, +len)` lies inside the segment's mapped range, reserved by
+        // `vmm_reserve`, and every page of it is released (checked above): nothing is
+        // mapped there.
+        let made = unsafe { self.map_range(base.0 + off, len)? };
+        let seg = self.growable.get_mut(&base.0).expect("checked above");
+        for (slot, h) in seg.pages[first..first + n].iter_mut().zip(made) {
+            *slot = Some(h);
         }
+        self.used += len;
+        Ok(())
     }
 
     pub(super) fn vmm_release(&mut self, base: DevicePtr, mapped: u64) -> Result<(), BackendError> {
@@ -349,6 +364,22 @@ unsafe fn sync_unmap_release(
         if r != super::cuda::OK {
             return Err(("cuCtxSynchronize", r));
         }
+        unmap_release(from, handles, g)
+    }
+}
+
+/// `cuMemUnmap` + `cuMemRelease` of each page of `handles` (at `from`, `g` bytes
+/// each) that has one. Stops at the first failing call and names it.
+///
+/// # Safety
+/// As [`sync_unmap_release`], and no queued work uses the pages (the caller waited).
+unsafe fn unmap_release(
+    from: u64,
+    handles: &[Option<sys::CUmemGenericAllocationHandle>],
+    g: u64,
+) -> Result<(), (&'static str, sys::CUresult)> {
+    // SAFETY: the caller's contract.
+    unsafe {
         for (i, h) in handles.iter().enumerate() {
             let Some(h) = h else { continue };
             let r = sys::cuMemUnmap(from + i as u64 * g, g as usize);

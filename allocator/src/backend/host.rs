@@ -304,7 +304,15 @@ impl DeviceBackend for HostBackend {
         true
     }
 
-    fn unmap_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
+    fn unmap_pages(
+        &mut self,
+        base: DevicePtr,
+        off: u64,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        // Copies run at once here; the stream must exist all the same.
+        self.synchronize_stream(stream)?;
         let g = self.granularity();
         let r = self.pages(base, off, len, true)?;
         r.unbacked.extend((off..off + len).step_by(g as usize));

@@ -120,8 +120,14 @@ impl<B: DeviceBackend> CountingView<'_, B> {
             c.alloc_bytes += len;
         })
     }
-    fn unmap_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
-        let r = self.0.inner.unmap_pages(base, off, len);
+    fn unmap_pages(
+        &mut self,
+        base: DevicePtr,
+        off: u64,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        let r = self.0.inner.unmap_pages(base, off, len, stream);
         self.tally(r, |c| {
             c.unmaps += 1;
             c.free_bytes += len;

@@ -225,8 +225,18 @@ pub trait DeviceBackend: Send {
     /// Gives back the physical memory of `[base+off, base+off+len)`, pages of
     /// `granularity()` inside the mapped range, all of them backed: afterwards the range
     /// has no memory behind it (an access to it is an error) and `used` is `len` lower.
-    /// Waits for the work queued on the device first (unmapping is not ordered with it).
-    fn unmap_pages(&mut self, _base: DevicePtr, _off: u64, _len: u64) -> Result<(), BackendError> {
+    /// Unmapping is not ordered with queued work, so it first waits for `stream`, the
+    /// one stream whose queued work may still use the pages (not for the whole device,
+    /// as PyTorch's expandable segments do: a free block of a stream's pool can be in
+    /// use only by work queued on that stream, because the allocator holds a block used
+    /// on other streams back until events recorded on them complete).
+    fn unmap_pages(
+        &mut self,
+        _base: DevicePtr,
+        _off: u64,
+        _len: u64,
+        _stream: StreamId,
+    ) -> Result<(), BackendError> {
         Err(BackendError::Unsupported(self.name()))
     }
     /// Backs `[base+off, base+off+len)` again (pages inside the mapped range that
@@ -316,9 +326,9 @@ macro_rules! forward_backend {
             ($($inner)+).release_growable(base, mapped)
         }
         fn supports_page_release(&$s) -> bool { ($($rinner)+).supports_page_release() }
-        fn unmap_pages(&mut $s, base: $crate::backend::DevicePtr, off: u64, len: u64)
-            -> Result<(), $crate::backend::BackendError> {
-            ($($inner)+).unmap_pages(base, off, len)
+        fn unmap_pages(&mut $s, base: $crate::backend::DevicePtr, off: u64, len: u64,
+            stream: $crate::backend::StreamId) -> Result<(), $crate::backend::BackendError> {
+            ($($inner)+).unmap_pages(base, off, len, stream)
         }
         fn map_pages(&mut $s, base: $crate::backend::DevicePtr, off: u64, len: u64)
             -> Result<(), $crate::backend::BackendError> {

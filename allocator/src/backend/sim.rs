@@ -19,8 +19,9 @@
 //!   `cuMemRelease` per page). Before that measurement the sim charged `cudaMalloc(n)`
 //!   / `cudaFree(n)` for `n` bytes, which is right for one page and 12x (32 MiB) to 86x
 //!   (256 MiB) too cheap for larger growths. Pages inside a segment released and backed
-//!   again (`unmap_pages`, `map_pages`) cost the same per page; a release synchronizes
-//!   the device first, as a shrink does.
+//!   again (`unmap_pages`, `map_pages`) cost the same per page; a shrink synchronizes
+//!   the device first, a page release waits for the one stream that owns the
+//!   pages (`DeviceBackend::unmap_pages`).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -468,9 +469,15 @@ impl DeviceBackend for SimBackend {
         true
     }
 
-    fn unmap_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
+    fn unmap_pages(
+        &mut self,
+        base: DevicePtr,
+        off: u64,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
         self.check_pages(base, off, len, true)?;
-        self.sync_device();
+        self.synchronize_stream(stream)?;
         let g = self.granularity();
         self.block(self.cost.unmap_page_us * (len / g) as f64);
         let set = self.unbacked.entry(base.0).or_default();

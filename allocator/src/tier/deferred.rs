@@ -183,10 +183,19 @@ impl DeferredView<'_> {
             .check_idle("device unmap", base.0 + mapped - release, release, true);
         self.0.inner.shrink(base, mapped, release)
     }
-    fn unmap_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
+    fn unmap_pages(
+        &mut self,
+        base: DevicePtr,
+        off: u64,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        // The release waits for `stream` (its queued copies run); a copy queued on
+        // another stream that still touches the pages is a bug of the caller.
+        self.synchronize_stream(stream)?;
         self.0
             .check_idle("device page release", base.0 + off, len, true);
-        self.0.inner.unmap_pages(base, off, len)
+        self.0.inner.unmap_pages(base, off, len, stream)
     }
     fn release_growable(&mut self, base: DevicePtr, mapped: u64) -> Result<(), BackendError> {
         self.0.check_idle("device unmap", base.0, mapped, true);
