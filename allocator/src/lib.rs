@@ -52,6 +52,7 @@ pub mod replay;
 mod run_cache;
 mod shared;
 mod slab;
+mod small;
 pub mod stats;
 mod table;
 pub mod tier;

@@ -5,7 +5,8 @@ use crate::backend::{BackendError, DeviceBackend, DevicePtr, StreamId};
 use crate::buddy::Run;
 use crate::error::AllocError;
 use crate::policy::{Advice, GrowthRequest, SegmentView};
-use crate::pool::{retire_slab, Allocator, PendingFree, RecState, Record, SLAB_TAG};
+use crate::pool::{Allocator, PendingFree, RecState, Record, SLAB_TAG};
+use crate::small::retire_slab;
 
 impl<B: DeviceBackend> Allocator<B> {
     pub(crate) fn granule(&self) -> u64 {
