@@ -37,6 +37,7 @@
 
 pub mod backend;
 mod buddy;
+mod check;
 pub mod config;
 mod error;
 pub mod extents;
