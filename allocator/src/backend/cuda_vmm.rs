@@ -14,7 +14,8 @@
 //!   page from the end;
 //! - release: shrink to nothing, then `cuMemAddressFree`;
 //! - page release (`unmap_pages`): `cuStreamSynchronize` of the stream that owns the
-//!   pages (not the whole device, as PyTorch's expandable segments), then `cuMemUnmap` +
+//!   pages, not `cuCtxSynchronize` (PyTorch's expandable segments wait for the
+//!   segment's stream alike), then `cuMemUnmap` +
 //!   `cuMemRelease` of each page of a range inside the mapped part; `map_pages` backs
 //!   such pages again (`cuMemCreate` + `cuMemMap` each, one `cuMemSetAccess`). A
 //!   shrink or release skips the pages released this way.

@@ -226,10 +226,11 @@ pub trait DeviceBackend: Send {
     /// `granularity()` inside the mapped range, all of them backed: afterwards the range
     /// has no memory behind it (an access to it is an error) and `used` is `len` lower.
     /// Unmapping is not ordered with queued work, so it first waits for `stream`, the
-    /// one stream whose queued work may still use the pages (not for the whole device,
-    /// as PyTorch's expandable segments do: a free block of a stream's pool can be in
-    /// use only by work queued on that stream, because the allocator holds a block used
-    /// on other streams back until events recorded on them complete).
+    /// one stream whose queued work may still use the pages, and not for the whole
+    /// device (PyTorch's expandable segments wait for the segment's stream alike): a
+    /// free block of a stream's pool can be in use only by work queued on that stream,
+    /// because the allocator holds a block used on other streams back until events
+    /// recorded on them complete.
     fn unmap_pages(
         &mut self,
         _base: DevicePtr,
