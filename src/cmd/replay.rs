@@ -376,6 +376,17 @@ fn print_table(r: &ReplayReport) {
             r.critical_path_device_us / 1e3
         );
     }
+    if r.pages_moved_per_iteration.iter().any(|&n| n > 0) {
+        let list: Vec<String> = r
+            .pages_moved_per_iteration
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        out!(
+            "pages moved       {} per iteration (released + backed again, page release)",
+            list.join(" ")
+        );
+    }
     let p = &r.extra["placement"];
     if p.is_object() {
         out!(

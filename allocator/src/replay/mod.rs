@@ -234,6 +234,12 @@ pub struct ReplayReport {
     pub critical_path_device_calls_after_first_iteration: u64,
     pub critical_path_device_us: f64,
     pub ahead_device_calls: u64,
+    /// Per iteration (from each boundary of the trace to the next): the device calls
+    /// made (allocations and frees, ahead of need included), and the pages released
+    /// or backed again under page release (0 for targets without it). How much work
+    /// a repeating loop's steady state still costs.
+    pub device_calls_per_iteration: Vec<u64>,
+    pub pages_moved_per_iteration: Vec<u64>,
     pub max_fragmentation: f64,
     /// Time-weighted mean fragmentation over the sampled instants (the same instants
     /// and rule as `max_fragmentation`).
@@ -306,6 +312,10 @@ pub trait ReplayTarget {
     fn forecaster(&self) -> &'static str {
         "none"
     }
+    /// Pages released plus pages backed again so far (page release).
+    fn pages_moved(&self) -> u64 {
+        0
+    }
 }
 
 impl<B: DeviceBackend> ReplayTarget for Allocator<B> {
@@ -354,6 +364,9 @@ impl<B: DeviceBackend> ReplayTarget for Allocator<B> {
     }
     fn forecaster(&self) -> &'static str {
         self.online().map_or("none", |o| o.forecaster())
+    }
+    fn pages_moved(&self) -> u64 {
+        self.stats().pages_released + self.stats().pages_backed
     }
     fn extra(&self) -> serde_json::Value {
         let s = self.stats();
@@ -577,6 +590,9 @@ pub fn run_warm<T: ReplayTarget>(
     let mut timeline = Vec::new();
     let mut critical_at_first: Option<u64> = None;
     let critical = |t: &T| t.device_allocs() + t.device_frees() - t.ahead().0;
+    // At the last boundary: (device calls, pages moved).
+    let mut at_boundary: Option<(u64, u64)> = None;
+    let (mut calls_per_it, mut pages_per_it) = (Vec::new(), Vec::new());
     for (index, e) in trace.events.iter().enumerate() {
         let index = index as u64;
         if e.time_us > last_time {
@@ -617,6 +633,12 @@ pub fn run_warm<T: ReplayTarget>(
                 if boundaries == 2 {
                     critical_at_first = Some(critical(&t));
                 }
+                let now = (t.device_allocs() + t.device_frees(), t.pages_moved());
+                if let Some((calls, pages)) = at_boundary {
+                    calls_per_it.push(now.0 - calls);
+                    pages_per_it.push(now.1 - pages);
+                }
+                at_boundary = Some(now);
                 t.iteration_boundary();
             }
             EventKind::Access { .. } => {}
@@ -695,6 +717,8 @@ pub fn run_warm<T: ReplayTarget>(
             - critical_at_first.unwrap_or(all_critical),
         critical_path_device_us: t.device_time_us() - ahead_us,
         ahead_device_calls: ahead_calls,
+        device_calls_per_iteration: calls_per_it,
+        pages_moved_per_iteration: pages_per_it,
         mean_fragmentation: if frag_span > 0.0 {
             frag_time / frag_span
         } else {
