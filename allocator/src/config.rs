@@ -36,8 +36,10 @@ pub enum PageRelease {
     OnOom,
     /// Whenever the device would otherwise have to provide memory beyond the peak
     /// reserved so far: reserved memory stays at the peak of the pages that hold data,
-    /// at the cost of device calls (unmap, with a device synchronization, and map) as
-    /// the pages in use move.
+    /// at the cost of device calls (unmap, after waiting for the pool's stream, and map)
+    /// as the pages in use move. Under best fit they move every iteration; with
+    /// `Placement::Planned` (or a placement profile) they stop once a plan that fits the
+    /// peak places a repeating loop.
     Peak,
 }
 

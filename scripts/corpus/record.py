@@ -43,6 +43,8 @@ ap.add_argument("--tag", default="", help="memcast mode: suffix of the figures f
 ap.add_argument("--out", default=".")
 ap.add_argument("--iters", type=int, default=0, help="recorded iterations (default 8, 12 if dynamic)")
 ap.add_argument("--dry-run", action="store_true")
+ap.add_argument("--memcast-trace", default="",
+                help="memcast mode: also record what memcast sees (warm-up included) to this .mctrace")
 args = ap.parse_args()
 
 if args.mode == "expandable":
@@ -110,6 +112,7 @@ if args.dry_run:
     print(f"{args.workload}: dry run ok ({time.time() - t0:.1f} s)")
     sys.exit(0)
 
+rec = mt.record(args.memcast_trace) if (mt is not None and args.memcast_trace) else None
 iteration()  # warm-up
 torch.cuda.synchronize()
 os.makedirs(args.out, exist_ok=True)
@@ -118,6 +121,7 @@ if args.mode == "native":
         enabled="all", context=None, stacks="python", max_entries=2_000_000)
 t1 = time.time()
 step_s = []
+moved = []  # memcast mode: pages released + backed so far, after each iteration
 for _ in range(iters):
     marker()
     ts = time.time()
@@ -126,6 +130,8 @@ for _ in range(iters):
     step_s.append(time.time() - ts)
     if mt is not None:
         mt.step()
+        st = mt.stats()
+        moved.append((st.get("pages_released") or 0) + (st.get("pages_backed") or 0))
 marker()
 torch.cuda.synchronize()
 t2 = time.time()
@@ -134,6 +140,8 @@ if args.mode == "native":
     torch.cuda.memory._record_memory_history(enabled=None)
     with open(os.path.join(args.out, f"{args.workload}.snapshot.pickle"), "wb") as f:
         pickle.dump(snap, f, protocol=4)
+if rec is not None:
+    rec.stop()
 if mt is not None:
     ms = mt.stats()
     fig = {
@@ -148,7 +156,10 @@ if mt is not None:
         "num_device_free": ms.get("device_frees"),
         "pages_released": ms.get("pages_released"),
         "pages_backed": ms.get("pages_backed"),
+        "placement": ms.get("placement"),
         "median_iteration_s": sorted(step_s)[len(step_s) // 2],
+        "iteration_s": [round(x, 4) for x in step_s],
+        "pages_moved_per_iteration": [b - a for a, b in zip([0] + moved[:-1], moved)],
         "iters": iters,
         "family": family,
         "split": split,
