@@ -9,7 +9,8 @@
 //! `nodefer`: plans bring wrapped moves back within their iteration,
 //! `TierConfig::plan_defer_wraps` off; `byaddr` / `noaddr`: `TierConfig::oom_by_address`
 //! on / off; `growable`: the allocator on growable segments, with its default page
-//! release, instead of fixed ones; `peak`: with `growable`, page release at the peak).
+//! release, instead of fixed ones; `peak`: with `growable`, page release at the peak;
+//! `planned`: planned placement).
 
 use memcast_alloc::config::Actions;
 use memcast_alloc::replay::ReplayForecaster;
@@ -78,6 +79,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             if flag("peak") {
                 opts.alloc.page_release = memcast_alloc::config::PageRelease::Peak;
+            }
+            if flag("planned") {
+                opts.alloc.placement = memcast_alloc::config::Placement::Planned;
             }
             let r = replay_budgeted(&t, &opts)?;
             floor = r.peak_floor_overhead;
