@@ -373,8 +373,10 @@ impl<B: DeviceBackend> TierManager<B> {
         self.step += 1;
     }
 
-    /// An iteration boundary: the prefetcher's sequence restarts, ordinals restart.
+    /// An iteration boundary: the prefetcher's sequence restarts, ordinals restart, and
+    /// the allocator sees the boundary too (its planned placement and online path).
     pub fn iteration_boundary(&mut self) -> Result<(), TierError> {
+        self.alloc.iteration_boundary();
         self.end_step();
         self.prefetch.on_iteration();
         self.plan_boundary();
