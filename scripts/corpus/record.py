@@ -121,7 +121,7 @@ if args.mode == "native":
         enabled="all", context=None, stacks="python", max_entries=2_000_000)
 t1 = time.time()
 step_s = []
-moved = []  # memcast mode: pages released + backed so far, after each iteration
+moved = []  # memcast mode: pages released + backed so far (the first entry includes the warm-up)
 for _ in range(iters):
     marker()
     ts = time.time()
