@@ -58,6 +58,16 @@ impl<B: DeviceBackend> Allocator<B> {
             Ok(x) => Ok(x),
             Err(e) if e.is_oom() => {
                 self.stats.oom_retries += 1;
+                // First what placement never reads (see `release_unplaced`): if that
+                // is enough, the caches keep their runs, as they would have had the
+                // memory never been taken.
+                if self.release_unplaced()? > 0 {
+                    match self.grow(stream, len, owner, small) {
+                        Ok(x) => return Ok(x),
+                        Err(e) if e.is_oom() => {}
+                        Err(e) => return Err(AllocError::Backend(e)),
+                    }
+                }
                 tracing::debug!(
                     len,
                     stream,
@@ -357,6 +367,31 @@ impl<B: DeviceBackend> Allocator<B> {
             }
         }
         // Page release: the whole free pages inside segments too.
+        if self.page_release_on() {
+            freed += self.release_free_pages(u64::MAX, None)?;
+        }
+        Ok(freed)
+    }
+
+    /// Gives back the memory no placement decision reads: the free tails of growable
+    /// segments (placement takes a tail last, at its start, however long it is) and,
+    /// with page release, the free whole pages inside them (a run over released pages
+    /// has them backed again). What the reactive allocator holds there is a chunk's
+    /// rounding; what predictive mode grew ahead of a forecast is all there. Releasing
+    /// it first on the out-of-memory paths, before the caches are flushed, keeps every
+    /// run where it would have gone without that memory: growth and release ahead
+    /// change the allocator's timing, never its placements. Returns the bytes given
+    /// back. O(segments + free blocks of the growable segments).
+    pub(crate) fn release_unplaced(&mut self) -> Result<u64, AllocError> {
+        let mut freed = 0;
+        for stream in 0..self.pools.len() as u32 {
+            let Some(pool) = self.pools[stream as usize].as_ref() else {
+                continue;
+            };
+            for seg in pool.growable.into_iter().flatten() {
+                freed += self.release_segment(stream, seg)?;
+            }
+        }
         if self.page_release_on() {
             freed += self.release_free_pages(u64::MAX, None)?;
         }

@@ -34,6 +34,7 @@
 use crate::backend::{BackendError, DeviceBackend, DevicePtr, StreamId};
 use crate::buddy::Run;
 use crate::config::PageRelease;
+use crate::error::AllocError;
 use crate::pool::Allocator;
 
 /// The released pages of one growable segment, a bit per page of its mapped range.
@@ -165,7 +166,26 @@ impl<B: DeviceBackend> Allocator<B> {
             let bytes = (q - p) * g;
             let base = pool.buddy.segs[seg].base;
             self.make_room(bytes, Some((stream, seg, first, end)))?;
-            self.backend.map_pages(DevicePtr(base), p * g, bytes)?;
+            if let Err(e) = self.backend.map_pages(DevicePtr(base), p * g, bytes) {
+                if !e.is_oom() || self.in_advice {
+                    return Err(e);
+                }
+                // Out of memory: release as the out-of-memory path does and back the
+                // same pages, so that where a run goes never depends on which free
+                // pages happen to be backed (memory grown ahead of a forecast, a tail
+                // not yet trimmed). Advice never releases (it is best effort).
+                self.stats.oom_retries += 1;
+                let mut r = Err(e);
+                if self.release_unplaced().map_err(backend_error)? > 0 {
+                    r = self.backend.map_pages(DevicePtr(base), p * g, bytes);
+                }
+                if matches!(&r, Err(e) if e.is_oom()) {
+                    tracing::debug!("device out of memory backing pages: releasing caches");
+                    self.release_free_memory().map_err(backend_error)?;
+                    r = self.backend.map_pages(DevicePtr(base), p * g, bytes);
+                }
+                r?;
+            }
             let pool = self.pools[stream as usize].as_mut().expect("pool");
             for page in p..q {
                 pool.pages.set(page, false);
@@ -323,5 +343,15 @@ impl<B: DeviceBackend> Allocator<B> {
             }
         }
         Ok(())
+    }
+}
+
+/// An error of the release paths as the backend error a backing reports (they fail only
+/// on a backend call).
+#[cold]
+fn backend_error(e: AllocError) -> BackendError {
+    match e {
+        AllocError::Backend(e) | AllocError::OutOfMemory { source: e, .. } => e,
+        e => BackendError::Invalid(e.to_string()),
     }
 }

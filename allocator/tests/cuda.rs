@@ -445,6 +445,157 @@ fn out_of_memory_under_a_device_cap_is_an_error_and_consistent() {
     a.check_invariants().unwrap();
 }
 
+/// A forecaster that lies plausibly: the featurizer's seasonal forecast times 1, 2 or 4
+/// (drawn per forecast), so that enough of it is trusted to grow memory ahead.
+struct Inflated(u64);
+
+impl memcast_predictor::forecaster::Forecaster for Inflated {
+    fn name(&self) -> &'static str {
+        "inflated"
+    }
+    fn horizon(&self) -> usize {
+        5
+    }
+    fn forecast(
+        &mut self,
+        _: &memcast_trace::features::Step,
+        f: &memcast_trace::features::StepFeaturizer,
+        out: &mut memcast_predictor::Forecast,
+    ) -> bool {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        let k = [1.0, 2.0, 4.0][(self.0 % 3) as usize];
+        out.horizon = 5;
+        for (h, b) in out.bytes.iter_mut().enumerate() {
+            *b = f.base_forecast(h + 1).map(|v| v * k);
+        }
+        true
+    }
+}
+
+/// Predictive mode on the real device under a 96 MiB cap, so both sides run out: 600
+/// programs, each on a reactive allocator and on a predictive one whose forecaster
+/// over-forecasts by up to 4x. Every allocation lands at the same offset of its segment
+/// on both sides and every out-of-memory error happens on both (growth ahead of need
+/// lives in the free tail, which the out-of-memory path gives back before it flushes a
+/// cache). Every byte stamped and checked; the invariants hold throughout. On the host
+/// backend, with the first round of release taken out, program 275 places a slab
+/// elsewhere.
+#[test]
+fn predictive_mode_under_a_cap_places_and_fails_as_reactive_does() {
+    if gpu().is_none() {
+        return;
+    }
+    let v = predictive_under_a_cap(|| gpu().expect("a GPU"), 600);
+    report(
+        "predictive_mode_under_a_cap_places_and_fails_as_reactive_does",
+        v,
+    );
+}
+
+/// `programs` random programs (300 operations: allocations, frees, boundaries in the
+/// weights 6 : 4 : 1; sizes below 64 KiB, below 4 MiB and up to 24 MiB in 3 : 3 : 2) on
+/// pairs of fresh allocators over a 96 MiB cap. Returns the totals reported.
+fn predictive_under_a_cap<B: DeviceBackend>(
+    device: impl Fn() -> B,
+    programs: u64,
+) -> serde_json::Value {
+    let cap = 96 * MIB;
+    let (mut ooms, mut placed, mut advice, mut retries) = (0u64, 0u64, 0u64, [0u64; 2]);
+    for seed in 1..=programs {
+        let conf = if seed % 2 == 0 {
+            "page_release:peak"
+        } else {
+            "page_release:on_oom"
+        };
+        let cfg = AllocConfig {
+            forecast_thread: false,
+            ..AllocConfig::default().with_conf_string(conf).unwrap()
+        };
+        let mut r = Allocator::new(Limit::new(device(), cap), cfg.clone()).unwrap();
+        let mut p = Allocator::with_forecaster(
+            Limit::new(device(), cap),
+            cfg,
+            Box::new(Inflated(seed * 2 + 1)),
+        )
+        .unwrap();
+        // The first slab slot and the first run start their segments: offsets from them.
+        let mut bases = Vec::new();
+        for a in [&mut r, &mut p] {
+            let small = a.allocate(512, 0).unwrap();
+            let large = a.allocate(8 * MIB, 0).unwrap();
+            bases.push((small.ptr.0, large.ptr.0));
+            a.deallocate(small, 0).unwrap();
+            a.deallocate(large, 0).unwrap();
+        }
+        let at = |ptr: u64, (s, l): (u64, u64)| (ptr.wrapping_sub(s), ptr.wrapping_sub(l));
+        let mut rng = Rng(seed);
+        let mut live = Vec::new();
+        for op in 0..300u64 {
+            let pick = rng.below(11);
+            if pick == 10 {
+                r.iteration_boundary();
+                p.iteration_boundary();
+            } else if pick < 6 || live.is_empty() {
+                let size = match rng.below(8) {
+                    0..=2 => 1 + rng.below(64 << 10),
+                    3..=5 => (64 << 10) + rng.below(4 * MIB - (64 << 10)),
+                    _ => 4 * MIB + rng.below(20 * MIB),
+                };
+                match (r.allocate(size, 0), p.allocate(size, 0)) {
+                    (Ok(x), Ok(y)) => {
+                        let (xs, xl) = at(x.ptr.0, bases[0]);
+                        let (ys, yl) = at(y.ptr.0, bases[1]);
+                        assert!(
+                            xs == ys || xl == yl,
+                            "program {seed} op {op} ({size} B): placed at {xs:#x}/{xl:#x} and {ys:#x}/{yl:#x}"
+                        );
+                        stamp(&mut p, y.ptr.0, size, op);
+                        live.push((x, y, op));
+                        placed += 1;
+                    }
+                    (Err(AllocError::OutOfMemory { .. }), Err(AllocError::OutOfMemory { .. })) => {
+                        ooms += 1
+                    }
+                    (x, y) => panic!(
+                        "program {seed} op {op} ({size} B): reactive {:?}, predictive {:?}",
+                        x.map(|a| a.ptr),
+                        y.map(|a| a.ptr)
+                    ),
+                }
+            } else {
+                let i = rng.below(live.len() as u64) as usize;
+                let (x, y, id) = live.swap_remove(i);
+                verify(&mut p, y.ptr.0, y.size, id);
+                r.deallocate(x, 0).unwrap();
+                p.deallocate(y, 0).unwrap();
+            }
+            if op % 32 == 0 {
+                p.check_invariants().unwrap();
+                assert!(p.backend().used() <= cap);
+            }
+        }
+        for (x, y, id) in live.drain(..) {
+            verify(&mut p, y.ptr.0, y.size, id);
+            r.deallocate(x, 0).unwrap();
+            p.deallocate(y, 0).unwrap();
+        }
+        p.check_invariants().unwrap();
+        advice += p.stats().advice_applied;
+        retries[0] += r.stats().oom_retries;
+        retries[1] += p.stats().oom_retries;
+    }
+    assert!(
+        ooms > 0,
+        "the cap was never reached: the test shows nothing"
+    );
+    serde_json::json!({
+        "programs": programs, "placed_both": placed, "out_of_memory_both": ooms,
+        "advice_applied": advice, "oom_retries_reactive_predictive": retries,
+    })
+}
+
 /// GB/s of `reps` copies of `bytes` on `stream`.
 fn bandwidth(b: &mut CudaBackend, dst: MemRef, src: MemRef, bytes: u64, reps: u32) -> f64 {
     let s = b.create_stream(StreamPriority::Low).unwrap();

@@ -13,7 +13,7 @@ use memcast_alloc::backend::host::HostBackend;
 use memcast_alloc::backend::layers::Limit;
 use memcast_alloc::backend::sim::SimBackend;
 use memcast_alloc::backend::{DeviceBackend, MemRef};
-use memcast_alloc::config::{Actions, AllocConfig};
+use memcast_alloc::config::{Actions, AllocConfig, PageRelease, Placement};
 use memcast_alloc::{AllocError, Allocation, Allocator};
 use memcast_predictor::forecaster::Forecaster;
 use memcast_predictor::{Forecast, MAX_HORIZON};
@@ -110,7 +110,7 @@ fn device(cap: u64) -> Dev {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(128))]
 
     #[test]
     fn lying_forecasts_cost_no_request_and_no_byte(
@@ -128,7 +128,10 @@ proptest! {
             forecast_thread: matches!(kind, Liar::Slow),
             ..AllocConfig::default()
         };
-        let mut reactive = Allocator::new(device(cap), cfg.clone()).unwrap();
+        // The same placement on both sides: `presplit` is planned placement.
+        let placement = if presplit { Placement::Planned } else { cfg.placement };
+        let mut reactive =
+            Allocator::new(device(cap), AllocConfig { placement, ..cfg.clone() }).unwrap();
         let mut pred = Allocator::with_forecaster(
             device(cap),
             cfg,
@@ -185,6 +188,71 @@ proptest! {
         }
         pred.check_invariants().unwrap();
         prop_assert_eq!(pred.stats().requested.current, 0);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Growth and release ahead change only how much of a growable segment's tail is
+    /// mapped and which free pages are backed, which placement never reads; the
+    /// out-of-memory paths give that memory back first. So under any forecaster the
+    /// predictive allocator places every run where the reactive one does and fails
+    /// exactly where it fails, on a device small enough for both to run out.
+    #[test]
+    fn forecasts_move_no_run_and_add_no_failure(
+        kind in liar(),
+        release in any::<bool>(),
+        peak in any::<bool>(),
+        ops in proptest::collection::vec(op(), 1..300),
+    ) {
+        let cap = 96 * MIB;
+        let cfg = AllocConfig {
+            growable_segments: true,
+            page_release: if peak { PageRelease::Peak } else { PageRelease::OnOom },
+            predictive_actions: Actions { release, presplit: false, ..Actions::all() },
+            forecast_thread: false,
+            ..AllocConfig::default()
+        };
+        let sim = || SimBackend::new(cap, Default::default());
+        let mut reactive = Allocator::new(sim(), cfg.clone()).unwrap();
+        let mut pred =
+            Allocator::with_forecaster(sim(), cfg, Box::new(Adversary { kind, first: None }))
+                .unwrap();
+        // Both reserve their slab and large segments first, in the same order, so the
+        // simulated device gives both the same addresses.
+        for a in [&mut reactive, &mut pred] {
+            for bytes in [512, 8 * MIB] {
+                let x = a.allocate(bytes, 0).unwrap();
+                a.deallocate(x, 0).unwrap();
+            }
+        }
+        let mut live: Vec<(Allocation, Allocation)> = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Alloc { bytes } => {
+                    match (reactive.allocate(bytes, 0), pred.allocate(bytes, 0)) {
+                        (Ok(r), Ok(p)) => {
+                            prop_assert_eq!(r.ptr, p.ptr, "{:?}: op {} ({} B) placed elsewhere", kind, i, bytes);
+                            live.push((r, p));
+                        }
+                        (Err(AllocError::OutOfMemory { .. }), Err(AllocError::OutOfMemory { .. })) => {}
+                        (r, p) => prop_assert!(false, "{kind:?}: op {i} ({bytes} B): reactive {:?}, predictive {:?}", r.map(|a| a.ptr), p.map(|a| a.ptr)),
+                    }
+                }
+                Op::Free { pick } if !live.is_empty() => {
+                    let (r, p) = live.swap_remove(pick % live.len());
+                    reactive.deallocate(r, 0).unwrap();
+                    pred.deallocate(p, 0).unwrap();
+                }
+                Op::Free { .. } => {}
+                Op::Boundary => {
+                    reactive.iteration_boundary();
+                    pred.iteration_boundary();
+                }
+            }
+            pred.check_invariants().map_err(|e| TestCaseError::fail(format!("{kind:?}: {e}")))?;
+        }
     }
 }
 
