@@ -42,6 +42,7 @@ pub mod config;
 mod error;
 pub mod extents;
 mod fxmap;
+mod lookup;
 mod maint;
 mod pages;
 pub mod placement;
