@@ -13,7 +13,8 @@ pub enum AllocError {
     #[error("request of {requested} bytes exceeds the largest the allocator takes, {capacity} bytes (the device capacity, or max_request where that is lower)")]
     TooLarge { requested: u64, capacity: u64 },
     /// The device (or a budget layer) refused memory, even after the allocator released
-    /// its caches and retried. The allocator state is unchanged.
+    /// its caches and retried. Every live allocation is unchanged (free memory may have been
+    /// given back to the device).
     #[error("out of memory: {requested} bytes on stream {stream} (reserved {reserved}, allocated {allocated})")]
     OutOfMemory {
         requested: u64,

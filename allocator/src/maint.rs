@@ -56,6 +56,15 @@ impl<B: DeviceBackend> Allocator<B> {
         }
         match self.grow(stream, len, owner, small) {
             Ok(x) => Ok(x),
+            // Advice never releases (it is best effort): a flush for a pre-split run
+            // would move the runs after it, and a release would undo its own growth.
+            Err(source) if source.is_oom() && self.in_advice => Err(AllocError::OutOfMemory {
+                requested: len,
+                stream,
+                reserved: self.stats.reserved.current,
+                allocated: self.stats.allocated.current,
+                source,
+            }),
             Err(e) if e.is_oom() => {
                 self.stats.oom_retries += 1;
                 // First what placement never reads (see `release_unplaced`): if that

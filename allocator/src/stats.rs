@@ -110,7 +110,9 @@ pub struct AllocStats {
     pub slabs_carved: u64,
     /// Requests that failed with out-of-memory (after the retry).
     pub ooms: u64,
-    /// Times an out-of-memory made the allocator release caches and retry.
+    /// Times an out-of-memory made the allocator release memory and retry: once for a
+    /// request's growth, and once for each stretch of released pages its run had backed
+    /// again (so one request can count several times).
     pub oom_retries: u64,
     /// Segments taken over from another stream (after an event).
     pub segments_stolen: u64,

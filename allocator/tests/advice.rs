@@ -79,6 +79,28 @@ fn presplit_runs_serve_the_next_requests_from_the_cache() {
 }
 
 #[test]
+fn presplit_beyond_the_device_releases_nothing() {
+    // 64 MiB device: 10 MiB live, 6 MiB freed, a free tail.
+    let mut a = sim(64 * MIB, "");
+    let _x = a.allocate(10 * MIB, 0).unwrap();
+    let y = a.allocate(6 * MIB, 0).unwrap();
+    a.deallocate(y, 0).unwrap();
+    let (reserved, frees) = (a.stats().reserved.current, a.stats().device_frees);
+    // A run the device cannot hold: advice is best effort, so the out-of-memory path's
+    // releases (which would give back the free tail) do not run.
+    a.apply_advice(Advice::PreSplit {
+        stream: 0,
+        bytes: 60 * MIB,
+        count: 1,
+    })
+    .unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().reserved.current, reserved);
+    assert_eq!(a.stats().device_frees, frees);
+    assert_eq!(a.stats().oom_retries, 0);
+}
+
+#[test]
 fn trim_returns_free_memory_and_spare_slabs_down_to_the_reserve() {
     // Fixed segments, so that a trim can give whole segments back.
     let mut a = sim(1 << 30, "growable_segments:false,slab_spares:4");
