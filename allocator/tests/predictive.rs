@@ -204,13 +204,16 @@ proptest! {
         kind in liar(),
         release in any::<bool>(),
         peak in any::<bool>(),
+        presplit in any::<bool>(),
         ops in proptest::collection::vec(op(), 1..300),
     ) {
         let cap = 96 * MIB;
         let cfg = AllocConfig {
             growable_segments: true,
             page_release: if peak { PageRelease::Peak } else { PageRelease::OnOom },
-            predictive_actions: Actions { release, presplit: false, ..Actions::all() },
+            // `presplit` is planned placement: the reactive side gets it too.
+            placement: if presplit { Placement::Planned } else { Placement::BestFit },
+            predictive_actions: Actions { release, presplit, ..Actions::all() },
             forecast_thread: false,
             ..AllocConfig::default()
         };
