@@ -54,29 +54,19 @@ impl<B: DeviceBackend> Allocator<B> {
                 return Ok(x);
             }
         }
-        match self.grow(stream, len, owner, small) {
-            Ok(x) => Ok(x),
-            // Advice never releases (it is best effort): a flush for a pre-split run
-            // would move the runs after it, and a release would undo its own growth.
-            Err(source) if source.is_oom() && self.in_advice => Err(AllocError::OutOfMemory {
-                requested: len,
-                stream,
-                reserved: self.stats.reserved.current,
-                allocated: self.stats.allocated.current,
-                source,
-            }),
-            Err(e) if e.is_oom() => {
-                self.stats.oom_retries += 1;
-                // First what placement never reads (see `release_unplaced`): if that
-                // is enough, the caches keep their runs, as they would have had the
-                // memory never been taken.
-                if self.release_unplaced()? > 0 {
-                    match self.grow(stream, len, owner, small) {
-                        Ok(x) => return Ok(x),
-                        Err(e) if e.is_oom() => {}
-                        Err(e) => return Err(AllocError::Backend(e)),
-                    }
-                }
+        let oom = |r: &Result<Run, BackendError>| matches!(r, Err(e) if e.is_oom());
+        let mut r = self.grow(stream, len, owner, small);
+        // Advice never releases (it is best effort): a flush for a pre-split run would
+        // move the runs after it, and a release would undo its own growth.
+        if oom(&r) && !self.in_advice {
+            self.stats.oom_retries += 1;
+            // First what placement never reads (see `release_unplaced`): if that is
+            // enough, the caches keep their runs, as they would have had the memory
+            // never been taken.
+            if self.release_unplaced()? > 0 {
+                r = self.grow(stream, len, owner, small);
+            }
+            if oom(&r) {
                 tracing::debug!(
                     len,
                     stream,
@@ -86,22 +76,22 @@ impl<B: DeviceBackend> Allocator<B> {
                 if let Some(x) = self.try_carve(stream, len, owner, small) {
                     return Ok(x);
                 }
-                self.grow(stream, len, owner, small).map_err(|source| {
-                    if source.is_oom() {
-                        AllocError::OutOfMemory {
-                            requested: len,
-                            stream,
-                            reserved: self.stats.reserved.current,
-                            allocated: self.stats.allocated.current,
-                            source,
-                        }
-                    } else {
-                        AllocError::Backend(source)
-                    }
-                })
+                r = self.grow(stream, len, owner, small);
             }
-            Err(e) => Err(AllocError::Backend(e)),
         }
+        r.map_err(|source| {
+            if source.is_oom() {
+                AllocError::OutOfMemory {
+                    requested: len,
+                    stream,
+                    reserved: self.stats.reserved.current,
+                    allocated: self.stats.allocated.current,
+                    source,
+                }
+            } else {
+                AllocError::Backend(source)
+            }
+        })
     }
 
     /// A run from the placement index alone (no flush, no device call); `None` also
