@@ -14,6 +14,13 @@
 //!
 //! Cost per call: O(window) registry lookups (a vector index each); the manager only
 //! calls it when there is headroom.
+//!
+//! The same log answers `next_use` (read only by predictive mode's victims by next use,
+//! [`FarthestNextUse`](super::spill::FarthestNextUse)): the previous iteration's next
+//! access of the same key, or, for a tensor the previous iteration's log does not
+//! describe (its ordinal had other bytes), its free at the last lifetime seen for its
+//! size class (quarter octaves; kept across iterations, so it predicts from the first
+//! iteration on).
 
 use super::handle::{TensorHandle, TensorKey};
 
@@ -92,7 +99,23 @@ pub struct PreviousIterationOrder {
     cur: Vec<Logged>,
     /// Per key, the positions in `prev` of its accesses (increasing), for `next_use`.
     positions: std::collections::HashMap<TensorKey, Vec<u32>>,
+    /// Per ordinal of the previous iteration, its bytes.
+    prev_bytes: Vec<u64>,
+    /// Per ordinal of this iteration: its bytes and the position in `cur` of its
+    /// registration.
+    cur_allocs: Vec<(u64, u32)>,
+    /// Per size class ([`size_class`]), the lifetime in operations of the last tensor
+    /// of that class freed (any iteration).
+    lifetimes: std::collections::HashMap<u32, u32>,
     pub window: usize,
+}
+
+/// Quarter-octave size classes: `4 x floor(log2 bytes)` plus the next two bits.
+fn size_class(bytes: u64) -> u32 {
+    let b = bytes.max(1);
+    let log = 63 - b.leading_zeros();
+    let quarter = if log >= 2 { (b >> (log - 2)) & 3 } else { 0 };
+    4 * log + quarter as u32
 }
 
 impl PreviousIterationOrder {
@@ -101,6 +124,9 @@ impl PreviousIterationOrder {
             prev: Vec::new(),
             cur: Vec::new(),
             positions: std::collections::HashMap::new(),
+            prev_bytes: Vec::new(),
+            cur_allocs: Vec::new(),
+            lifetimes: std::collections::HashMap::new(),
             window,
         }
     }
@@ -111,15 +137,33 @@ impl PrefetchPolicy for PreviousIterationOrder {
         self.cur.push(Logged::Access(key));
     }
 
-    fn on_alloc(&mut self, _key: TensorKey, bytes: u64) {
+    fn on_alloc(&mut self, key: TensorKey, bytes: u64) {
+        if let TensorKey::Ordinal(n) = key {
+            let n = n as usize;
+            if self.cur_allocs.len() <= n {
+                self.cur_allocs.resize(n + 1, (0, 0));
+            }
+            self.cur_allocs[n] = (bytes, self.cur.len() as u32);
+        }
         self.cur.push(Logged::Alloc(bytes));
     }
 
-    fn on_free(&mut self, _key: TensorKey, bytes: u64) {
+    fn on_free(&mut self, key: TensorKey, bytes: u64) {
+        if let TensorKey::Ordinal(n) = key {
+            if let Some(&(b, at)) = self.cur_allocs.get(n as usize) {
+                if b == bytes {
+                    let life = self.cur.len() as u32 - at;
+                    self.lifetimes.insert(size_class(bytes), life);
+                }
+            }
+        }
         self.cur.push(Logged::Free(bytes));
     }
 
     fn on_iteration(&mut self) {
+        self.prev_bytes.clear();
+        self.prev_bytes
+            .extend(self.cur_allocs.drain(..).map(|(b, _)| b));
         self.prev = std::mem::take(&mut self.cur);
         self.positions.clear();
         for (i, l) in self.prev.iter().enumerate() {
@@ -132,7 +176,32 @@ impl PrefetchPolicy for PreviousIterationOrder {
     /// The previous iteration's next access of `key` after this iteration's position
     /// (a binary search); for a persistent tensor with none left, its first access of
     /// the next iteration.
+    ///
+    /// A tensor whose ordinal had other bytes in the previous iteration (or had none:
+    /// the first iteration, or a longer one) is not the tensor those positions describe:
+    /// for it, the operations until its free, its registration plus the lifetime of the
+    /// last tensor of its size class freed, or `INFINITY` with no such tensor or once
+    /// it has outlived that lifetime. Generation is the case this serves: every token
+    /// step makes new key/value and logits tensors that die a step later, and the
+    /// previous iteration's positions, at another prompt length, describe none of them.
+    /// Cost: O(1) (a vector index and a hash lookup) besides the binary search.
     fn next_use(&self, key: TensorKey) -> f64 {
+        if let TensorKey::Ordinal(n) = key {
+            let mine = self.cur_allocs.get(n as usize);
+            if let Some(&(bytes, at)) =
+                mine.filter(|m| self.prev_bytes.get(n as usize) != Some(&m.0))
+            {
+                // Not the previous iteration's tensor of this ordinal: its free, at
+                // its size class's last lifetime.
+                let p = self.cur.len() as f64;
+                return match self.lifetimes.get(&size_class(bytes)) {
+                    Some(&life) if f64::from(at) + f64::from(life) > p => {
+                        f64::from(at) + f64::from(life) - p
+                    }
+                    _ => f64::INFINITY,
+                };
+            }
+        }
         let Some(pos) = self.positions.get(&key) else {
             return f64::INFINITY;
         };
@@ -262,5 +331,48 @@ mod tests {
         assert!(out.is_empty());
         p.plan(&view4, 60, &mut out);
         assert_eq!(out.iter().map(|h| h.index).collect::<Vec<_>>(), vec![4]);
+    }
+
+    #[test]
+    fn a_tensor_of_a_new_shape_is_next_used_at_its_size_class_lifetime() {
+        let k = TensorKey::Ordinal;
+        let mut p = PreviousIterationOrder::new(10);
+        // Iteration 1: ordinal 0 (1000 B) is read and freed 3 operations after its
+        // registration; ordinal 1 (64 B) lives on.
+        p.on_alloc(k(0), 1000);
+        p.on_alloc(k(1), 64);
+        p.on_access(k(0));
+        p.on_free(k(0), 1000);
+        // With no previous iteration, the class lifetime already predicts: a new
+        // 1010 B tensor (the same quarter octave) is freed 3 operations after its
+        // registration, so 2 after the operation that follows it.
+        p.on_alloc(k(2), 1010);
+        assert_eq!(p.next_use(k(2)), 2.0);
+        p.on_access(k(1));
+        assert_eq!(p.next_use(k(2)), 1.0);
+        // A class never freed: no prediction.
+        p.on_alloc(k(3), 1 << 20);
+        assert_eq!(p.next_use(k(3)), f64::INFINITY);
+        p.on_free(k(2), 1010);
+        p.on_free(k(3), 1 << 20);
+        p.on_free(k(1), 64);
+        p.on_iteration();
+        // Iteration 2, the same shapes: the previous iteration's positions (ordinal
+        // 0's read at position 2, 2 operations after its registration at 0).
+        p.on_alloc(k(0), 1000);
+        assert_eq!(p.next_use(k(0)), 1.0);
+        // A new shape for ordinal 1 (a 1020 B tensor where the previous iteration had
+        // 64 B): its class's lifetime, not the 64 B tensor's read at position 5.
+        p.on_alloc(k(1), 1020);
+        assert_eq!(p.next_use(k(1)), 2.0);
+        // Past its predicted life: unknown again.
+        p.on_access(k(0));
+        p.on_free(k(0), 1000);
+        p.on_access(k(1));
+        assert_eq!(p.next_use(k(1)), f64::INFINITY);
+        // The same shape as the previous iteration's ordinal: its positions, whatever
+        // the class lifetime says (ordinal 2 was freed at position 7 and read at none).
+        p.on_alloc(k(2), 1010);
+        assert_eq!(p.next_use(k(2)), f64::INFINITY);
     }
 }
