@@ -28,7 +28,7 @@ impl<B: DeviceBackend> Allocator<B> {
         small: bool,
     ) -> Result<Run, AllocError> {
         self.pool_mut(stream)?;
-        if let Some(run) = self.try_carve(stream, len, owner, small) {
+        if let Some(run) = self.try_carve(stream, len, owner, small)? {
             return Ok(run);
         }
         self.obtain_run_after_miss(stream, len, owner, small)
@@ -45,12 +45,12 @@ impl<B: DeviceBackend> Allocator<B> {
     ) -> Result<Run, AllocError> {
         if self.pool_mut(stream)?.cache.runs() > 0 {
             self.flush_cache(stream)?;
-            if let Some(x) = self.try_carve(stream, len, owner, small) {
+            if let Some(x) = self.try_carve(stream, len, owner, small)? {
                 return Ok(x);
             }
         }
         if !self.pending.is_empty() && self.process_pending(true)? > 0 {
-            if let Some(x) = self.try_carve(stream, len, owner, small) {
+            if let Some(x) = self.try_carve(stream, len, owner, small)? {
                 return Ok(x);
             }
         }
@@ -73,7 +73,7 @@ impl<B: DeviceBackend> Allocator<B> {
                     "device out of memory: releasing caches and retrying"
                 );
                 self.release_free_memory()?;
-                if let Some(x) = self.try_carve(stream, len, owner, small) {
+                if let Some(x) = self.try_carve(stream, len, owner, small)? {
                     return Ok(x);
                 }
                 r = self.grow(stream, len, owner, small);
@@ -94,8 +94,10 @@ impl<B: DeviceBackend> Allocator<B> {
         })
     }
 
-    /// A run from the placement index alone (no flush, no device call); `None` also
-    /// when the stream has no pool yet.
+    /// A run from the placement index alone (no flush, no device call but backing
+    /// released pages); `Ok(None)` also when the stream has no pool yet, or when the
+    /// device is out of memory for the released pages under the run (a miss). Any
+    /// other device error is the caller's, the carve undone.
     #[inline(always)]
     pub(crate) fn try_carve(
         &mut self,
@@ -103,17 +105,27 @@ impl<B: DeviceBackend> Allocator<B> {
         len: u64,
         owner: u32,
         small: bool,
-    ) -> Option<Run> {
+    ) -> Result<Option<Run>, AllocError> {
         let scan = self.cfg.run_scan;
-        let pool = self.pools[stream as usize].as_mut()?;
-        let spot = pool.buddy.find_run(len, scan, small)?;
+        let Some(pool) = self.pools[stream as usize].as_mut() else {
+            return Ok(None);
+        };
+        let Some(spot) = pool.buddy.find_run(len, scan, small) else {
+            return Ok(None);
+        };
         let run = pool.buddy.carve(spot, len, owner);
         // Page release: released pages under the run are backed, or the carve is
-        // undone and this is a miss.
-        if !small && pool.pages.count != 0 && self.back_or_undo(stream, &run, len).is_err() {
-            return None;
+        // undone and this is a miss (out of memory) or an error (anything else).
+        if !small && pool.pages.count != 0 {
+            if let Err(e) = self.back_or_undo(stream, &run, len) {
+                return if e.is_oom() {
+                    Ok(None)
+                } else {
+                    Err(AllocError::Backend(e))
+                };
+            }
         }
-        Some(run)
+        Ok(Some(run))
     }
 
     fn growth_bytes(

@@ -459,10 +459,16 @@ impl<B: DeviceBackend> Allocator<B> {
             let id = reserve(&mut self.records, &mut self.free_records);
             let (run, base) = pool.buddy.carve_at(spot, len, id);
             // Page release: one load and a compare of the pool at hand unless pages of
-            // it are released; pages that cannot be backed undo the carve (a miss).
-            if pool.pages.count != 0 && self.back_or_undo(stream, &run, len).is_err() {
-                self.free_records.push(id);
-                return self.alloc_large_slow(bytes, len, stream, false);
+            // it are released; pages that cannot be backed undo the carve (out of
+            // memory: a miss; any other device error: the caller's).
+            if pool.pages.count != 0 {
+                if let Err(e) = self.back_or_undo(stream, &run, len) {
+                    self.free_records.push(id);
+                    if !e.is_oom() {
+                        return Err(AllocError::Backend(e));
+                    }
+                    return self.alloc_large_slow(bytes, len, stream, false);
+                }
             }
             self.records[id].make_run(base, run, bytes, len, stream);
             return Ok(id);

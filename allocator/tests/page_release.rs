@@ -2,10 +2,11 @@
 //! segment give their memory back; placement does not change, data never moves.
 
 use memcast_alloc::backend::host::HostBackend;
+use memcast_alloc::backend::layers::FailOnDemand;
 use memcast_alloc::backend::sim::SimBackend;
 use memcast_alloc::backend::{DeviceBackend, MemRef, StreamPriority};
 use memcast_alloc::config::{AllocConfig, PageRelease};
-use memcast_alloc::{Allocation, Allocator};
+use memcast_alloc::{AllocError, Allocation, Allocator};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
@@ -59,6 +60,45 @@ fn a_hole_lends_its_pages_to_the_growth_and_gets_them_back() {
         rel_peak, 4,
         "two pages of the hole, then two of D's freed tail"
     );
+}
+
+/// A device error other than out of memory while backing released pages under a
+/// carved run is the caller's error, named as the device gave it: not a miss that
+/// quietly puts the run elsewhere. The carve is undone, the allocator stays consistent,
+/// and the same request then goes where it would have gone.
+#[test]
+fn a_device_error_backing_released_pages_is_returned_not_a_miss() {
+    let (fail, switch) = FailOnDemand::new(HostBackend::new(1 << 30));
+    let mut a = Allocator::new(fail, cfg(PageRelease::Peak)).unwrap();
+    // As above: B's hole lends its two pages to D's growth.
+    let x = a.allocate(4 * MIB, 0).unwrap();
+    let b = a.allocate(4 * MIB, 0).unwrap();
+    let c = a.allocate(4 * MIB, 0).unwrap();
+    a.deallocate(b, 0).unwrap();
+    let d = a.allocate(6 * MIB, 0).unwrap();
+    a.deallocate(d, 0).unwrap();
+    assert!(a.stats().pages_released > 0);
+    let reserved = a.stats().reserved.current;
+    // E goes into the hole, whose pages must be backed again: the map fails.
+    switch.fail_next_maps(1);
+    let e = a.allocate(4 * MIB, 0).unwrap_err();
+    assert!(
+        matches!(&e, AllocError::Backend(b) if b.to_string().contains("page map")),
+        "{e}"
+    );
+    assert_eq!(switch.injected(), 1);
+    a.check_invariants().unwrap();
+    // Nothing backed, nothing grown (pages freed elsewhere to make room for the
+    // backing may stay released).
+    assert!(a.stats().reserved.current <= reserved);
+    assert_eq!(a.stats().allocated.current, 8 * MIB);
+    // The same request, the device well again: B's hole, as without the error.
+    let e = a.allocate(4 * MIB, 0).unwrap();
+    assert_eq!(e.ptr.0, x.ptr.0 + 4 * MIB);
+    for h in [x, c, e] {
+        a.deallocate(h, 0).unwrap();
+    }
+    a.check_invariants().unwrap();
 }
 
 /// Out of memory, `on_oom` (the default) releases the free pages inside the segment,

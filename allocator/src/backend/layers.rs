@@ -237,6 +237,9 @@ pub struct FailPlan {
     pub fail_next_allocs: u64,
     /// Fail every device allocation/map while set.
     pub fail_all_allocs: bool,
+    /// Fail this many of the next page maps (`map_pages`) with
+    /// [`BackendError::Injected`], an error other than out of memory.
+    pub fail_next_maps: u64,
     /// Fail this many of the next copies.
     pub fail_next_copies: u64,
     /// Fail this many of the next host-buffer allocations.
@@ -257,6 +260,9 @@ impl FailSwitch {
     pub fn fail_all_allocs(&self, on: bool) {
         self.plan().fail_all_allocs = on;
     }
+    pub fn fail_next_maps(&self, n: u64) {
+        self.plan().fail_next_maps = n;
+    }
     pub fn fail_next_copies(&self, n: u64) {
         self.plan().fail_next_copies = n;
     }
@@ -273,7 +279,8 @@ impl FailSwitch {
 }
 
 /// Injects failures on command: device allocations and maps fail as out of memory,
-/// copies and host allocations with [`BackendError::Injected`].
+/// copies, host allocations and (`fail_next_maps`) page maps with
+/// [`BackendError::Injected`].
 #[derive(Debug)]
 pub struct FailOnDemand<B> {
     pub inner: B,
@@ -334,6 +341,14 @@ impl<B: DeviceBackend> FailView<'_, B> {
         self.0.inner.grow(base, mapped, add)
     }
     fn map_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
+        {
+            let mut p = self.0.switch.plan();
+            if p.fail_next_maps > 0 {
+                p.fail_next_maps -= 1;
+                p.injected += 1;
+                return Err(BackendError::Injected(format!("page map of {len} bytes")));
+            }
+        }
         self.0.alloc_fails(len)?;
         self.0.inner.map_pages(base, off, len)
     }
