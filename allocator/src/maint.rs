@@ -116,14 +116,8 @@ impl<B: DeviceBackend> Allocator<B> {
         let run = pool.buddy.carve(spot, len, owner);
         // Page release: released pages under the run are backed, or the carve is
         // undone and this is a miss (out of memory) or an error (anything else).
-        if !small && pool.pages.count != 0 {
-            if let Err(e) = self.back_or_undo(stream, &run, len) {
-                return if e.is_oom() {
-                    Ok(None)
-                } else {
-                    Err(AllocError::Backend(e))
-                };
-            }
+        if !small && pool.pages.count != 0 && !self.back_or_miss(stream, &run, len)? {
+            return Ok(None);
         }
         Ok(Some(run))
     }

@@ -141,6 +141,23 @@ impl<B: DeviceBackend> Allocator<B> {
         r
     }
 
+    /// [`Allocator::back_or_undo`] as a placement step reads it: `Ok(true)` backed,
+    /// `Ok(false)` out of memory (the carve undone: a miss), `Err` any other device
+    /// error (the carve undone too: the request's error).
+    #[inline]
+    pub(crate) fn back_or_miss(
+        &mut self,
+        stream: StreamId,
+        run: &Run,
+        len: u64,
+    ) -> Result<bool, AllocError> {
+        match self.back_or_undo(stream, run, len) {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_oom() => Ok(false),
+            Err(e) => Err(AllocError::Backend(e)),
+        }
+    }
+
     #[cold]
     #[inline(never)]
     fn back_range(

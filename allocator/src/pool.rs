@@ -462,11 +462,10 @@ impl<B: DeviceBackend> Allocator<B> {
             // it are released; pages that cannot be backed undo the carve (out of
             // memory: a miss; any other device error: the caller's).
             if pool.pages.count != 0 {
-                if let Err(e) = self.back_or_undo(stream, &run, len) {
+                let backed = self.back_or_miss(stream, &run, len);
+                if !matches!(backed, Ok(true)) {
                     self.free_records.push(id);
-                    if !e.is_oom() {
-                        return Err(AllocError::Backend(e));
-                    }
+                    backed?;
                     return self.alloc_large_slow(bytes, len, stream, false);
                 }
             }
