@@ -299,6 +299,23 @@ impl<B: DeviceBackend> FailOnDemand<B> {
         )
     }
 
+    /// One injected [`BackendError::Injected`] if the counter `pick` selects is
+    /// positive (and one less of them to come).
+    fn injected(
+        &self,
+        pick: fn(&mut FailPlan) -> &mut u64,
+        what: impl FnOnce() -> String,
+    ) -> Result<(), BackendError> {
+        let mut p = self.switch.plan();
+        let n = pick(&mut p);
+        if *n == 0 {
+            return Ok(());
+        }
+        *n -= 1;
+        p.injected += 1;
+        Err(BackendError::Injected(what()))
+    }
+
     fn alloc_fails(&self, bytes: u64) -> Result<(), BackendError> {
         let mut p = self.switch.plan();
         if p.fail_all_allocs || p.fail_next_allocs > 0 {
@@ -341,14 +358,10 @@ impl<B: DeviceBackend> FailView<'_, B> {
         self.0.inner.grow(base, mapped, add)
     }
     fn map_pages(&mut self, base: DevicePtr, off: u64, len: u64) -> Result<(), BackendError> {
-        {
-            let mut p = self.0.switch.plan();
-            if p.fail_next_maps > 0 {
-                p.fail_next_maps -= 1;
-                p.injected += 1;
-                return Err(BackendError::Injected(format!("page map of {len} bytes")));
-            }
-        }
+        self.0.injected(
+            |p| &mut p.fail_next_maps,
+            || format!("page map of {len} bytes"),
+        )?;
         self.0.alloc_fails(len)?;
         self.0.inner.map_pages(base, off, len)
     }
@@ -359,27 +372,17 @@ impl<B: DeviceBackend> FailView<'_, B> {
         bytes: u64,
         stream: Option<StreamId>,
     ) -> Result<(), BackendError> {
-        {
-            let mut p = self.0.switch.plan();
-            if p.fail_next_copies > 0 {
-                p.fail_next_copies -= 1;
-                p.injected += 1;
-                return Err(BackendError::Injected(format!("copy of {bytes} bytes")));
-            }
-        }
+        self.0.injected(
+            |p| &mut p.fail_next_copies,
+            || format!("copy of {bytes} bytes"),
+        )?;
         self.0.inner.copy(dst, src, bytes, stream)
     }
     fn allocate_host(&mut self, bytes: u64, pinned: bool) -> Result<super::HostPtr, BackendError> {
-        {
-            let mut p = self.0.switch.plan();
-            if p.fail_next_host_allocs > 0 {
-                p.fail_next_host_allocs -= 1;
-                p.injected += 1;
-                return Err(BackendError::Injected(format!(
-                    "host allocation of {bytes} bytes"
-                )));
-            }
-        }
+        self.0.injected(
+            |p| &mut p.fail_next_host_allocs,
+            || format!("host allocation of {bytes} bytes"),
+        )?;
         self.0.inner.allocate_host(bytes, pinned)
     }
 }
