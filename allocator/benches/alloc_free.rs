@@ -17,7 +17,13 @@
 //! and runs on the `sim` backend (device calls are free in wall time there, and warm-up
 //! makes them rare). Throughput is reported per alloc+free pair.
 //!
+//! `memcast` and `memcast-predictive` are measured in alternation (each timed run of
+//! one is followed by an untimed run of the other): their ratio is what predictive
+//! mode costs, even on a machine whose speed drifts while the group runs.
+//!
 //! A second group, `lock`, measures what the `SharedAllocator` mutex costs per pair.
+
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use memcast_alloc::backend::sim::SimBackend;
@@ -139,18 +145,81 @@ fn run<U: Under>(u: &mut U, p: &Program, mixed: &mut [Option<U::H>], trace: &mut
     u.boundary();
 }
 
+/// One allocator with its slots and the trace's static blocks, warmed up.
+struct Rig<U: Under> {
+    u: U,
+    mixed: Vec<Option<U::H>>,
+    trace: Vec<Option<U::H>>,
+    // Never freed: the trace's static blocks live through every run.
+    _statics: Vec<U::H>,
+}
+
+impl<U: Under> Rig<U> {
+    fn new(mut u: U, p: &Program) -> Self {
+        let mixed = (0..SLOTS).map(|_| None).collect();
+        let trace = (0..p.trace_slots).map(|_| None).collect();
+        let _statics = p.statics.iter().map(|&b| u.alloc(b)).collect();
+        let mut r = Rig {
+            u,
+            mixed,
+            trace,
+            _statics,
+        };
+        r.run(p); // warm-up: segments exist afterwards
+        r
+    }
+    fn run(&mut self, p: &Program) {
+        run(&mut self.u, p, &mut self.mixed, &mut self.trace);
+    }
+}
+
 fn bench_one<U: Under>(
     c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     name: &str,
-    mut u: U,
+    u: U,
     p: &Program,
 ) {
-    let mut mixed: Vec<Option<U::H>> = (0..SLOTS).map(|_| None).collect();
-    let mut trace: Vec<Option<U::H>> = (0..p.trace_slots).map(|_| None).collect();
-    // The trace's static blocks live through every run (never freed).
-    let _statics: Vec<U::H> = p.statics.iter().map(|&b| u.alloc(b)).collect();
-    run(&mut u, p, &mut mixed, &mut trace); // warm-up: segments exist afterwards
-    c.bench_function(name, |b| b.iter(|| run(&mut u, p, &mut mixed, &mut trace)));
+    let mut r = Rig::new(u, p);
+    c.bench_function(name, |b| b.iter(|| r.run(p)));
+}
+
+/// Two functions measured in alternation: every timed run of one is followed by an
+/// untimed run of the other, so a drift of the machine's speed while criterion runs
+/// the group (these machines are shared; one function alone has moved by 58% between
+/// runs of the group) falls on both alike, and their ratio is the cost of the
+/// difference between them.
+fn bench_alternating<A: Under, B: Under>(
+    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    (name_a, a): (&str, A),
+    (name_b, b): (&str, B),
+    p: &Program,
+) {
+    let mut a = Rig::new(a, p);
+    let mut b = Rig::new(b, p);
+    c.bench_function(name_a, |bn| {
+        bn.iter_custom(|iters| {
+            let mut t = Duration::ZERO;
+            for _ in 0..iters {
+                let t0 = Instant::now();
+                a.run(p);
+                t += t0.elapsed();
+                b.run(p);
+            }
+            t
+        })
+    });
+    c.bench_function(name_b, |bn| {
+        bn.iter_custom(|iters| {
+            let mut t = Duration::ZERO;
+            for _ in 0..iters {
+                a.run(p);
+                let t0 = Instant::now();
+                b.run(p);
+                t += t0.elapsed();
+            }
+            t
+        })
+    });
 }
 
 fn memcast() -> Allocator<SimBackend> {
@@ -172,11 +241,10 @@ fn alloc_free(c: &mut Criterion) {
     let mut g = c.benchmark_group("alloc_free");
     g.throughput(Throughput::Elements(p.pairs));
     g.sample_size(20);
-    bench_one(&mut g, "memcast", Memcast(memcast()), &p);
-    bench_one(
+    bench_alternating(
         &mut g,
-        "memcast-predictive",
-        Memcast(memcast_predictive()),
+        ("memcast", Memcast(memcast())),
+        ("memcast-predictive", Memcast(memcast_predictive())),
         &p,
     );
     // 64 Gi units of 256 B do not fit u32: 16 GiB is plenty for these programs.
