@@ -3,12 +3,12 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [growable]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
 //! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
 //! `TierConfig::plan_defer_wraps` off; `byaddr` / `noaddr`: `TierConfig::oom_by_address`
-//! on / off; `growable`: the allocator on growable segments, with its default page
+//! on / off; `noguard`: `TierConfig::plan_guard` off; `growable`: the allocator on growable segments, with its default page
 //! release, instead of fixed ones; `peak`: with `growable`, page release at the peak;
 //! `planned`: planned placement).
 
@@ -74,6 +74,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if flag("byaddr") || flag("noaddr") {
                 opts.tier.oom_by_address = flag("byaddr");
             }
+            if flag("noguard") {
+                opts.tier.plan_guard = false;
+            }
             if flag("growable") {
                 opts.alloc.growable_segments = true;
             }
@@ -98,7 +101,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let means: Vec<String> = sums
         .iter()
-        .map(|s| format!("{:.2}", s / n as f64))
+        .map(|s| format!("{:.4}", s / n as f64))
         .collect();
     println!("| mean of {n} | {} |", means.join(" | "));
     Ok(())

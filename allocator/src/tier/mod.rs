@@ -113,6 +113,9 @@ pub struct TierConfig {
     /// iteration's start instead of by this one's end, when the link in is busy with
     /// the backward's tensors ([`planned`]); on by default (docs/predictive.md).
     pub plan_defer_wraps: bool,
+    /// Iterations run without a plan while the last planned one stalled more per
+    /// compute second than the last one without ([`planned::Guard`]).
+    pub plan_guard: bool,
     /// On an out-of-memory retry with enough free bytes for the request (the failure
     /// is fragmentation), spill exactly the tensors of the cheapest address window that
     /// would hold the request (`Allocator::cheapest_window`, cost = the migration
@@ -136,6 +139,7 @@ impl Default for TierConfig {
             recompute: false,
             plan_occupancy: false,
             plan_defer_wraps: true,
+            plan_guard: true,
             oom_by_address: true,
         }
     }

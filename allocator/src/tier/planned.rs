@@ -124,7 +124,97 @@ pub struct Planner {
     planned_from: Option<Vec<u64>>,
     /// The cap of this iteration's plans, bytes.
     cap: u64,
+    /// Plans are checked against the stall they cause (see [`Guard`]); `None`: off.
+    pub guard: Option<Guard>,
+    /// Stall (backend stall and recompute time, us) when this iteration began.
+    stall0: f64,
+    /// This iteration ran under a plan with moves.
+    ran_plan: bool,
     pub stats: PlanStats,
+}
+
+/// A plan is advice, and advice that costs more than it saves is not followed. Per
+/// input shape (an iteration's signature), the guard keeps, for the last iteration run
+/// under a plan with moves and the last run without one, its stall per byte its live
+/// bytes rose above the budget (the bytes any policy must move), and while the planned
+/// figure is the higher, iterations of that shape run without a plan (the reactive
+/// machinery alone). Only iterations of one shape are compared: across shapes a larger
+/// one stalls more per byte too, and comparing them turned plans off on dynamic jobs
+/// where they helped. An iteration that stays within the budget says nothing and is
+/// not recorded. After [`Guard::RETRY`] iterations of a shape without a plan, its plan
+/// is tried again (what it costs may have changed). A job's first iteration has no plan
+/// (nothing to plan from): for a job that repeats one shape the first comparison is
+/// ready after its second. The oracle plans from the first iteration on, so it is
+/// never compared.
+///
+/// Why: on some static training traces a plan, even one made from the true next
+/// iteration, doubles the stall of reactive tiers (more bytes moved, more of them by
+/// the out-of-memory path; docs/predictive.md, "The plan guard").
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Guard {
+    /// Per signature, most recent first, at most [`LIBRARY`].
+    shapes: Vec<(Vec<u64>, ShapeRecord)>,
+    /// Iterations the guard ran without a plan.
+    pub suppressed: u64,
+}
+
+/// What the guard knows of one shape.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct ShapeRecord {
+    /// Stall (us) per byte above the budget of the last iteration of this shape run
+    /// under a plan with moves, and without.
+    planned: Option<f64>,
+    unplanned: Option<f64>,
+    /// Iterations of this shape run without a plan since the guard last turned it off.
+    off_for: u32,
+}
+
+impl Guard {
+    /// Iterations of a shape without a plan before its plan is tried again.
+    pub const RETRY: u32 = 8;
+
+    /// Records the iteration that ended (its signature, its stall in us, `excess`: the
+    /// bytes its live bytes rose above the budget; under a plan or not) and says
+    /// whether the next one, taken to be of the same shape, may run under a plan.
+    /// O(LIBRARY x SIGNATURE).
+    pub fn next_may_plan(&mut self, sig: &[u64], planned: bool, stall: f64, excess: u64) -> bool {
+        let i = match self.shapes.iter().position(|(s, _)| s == sig) {
+            Some(i) => i,
+            None => {
+                self.shapes
+                    .insert(0, (sig.to_vec(), ShapeRecord::default()));
+                self.shapes.truncate(LIBRARY);
+                0
+            }
+        };
+        let r = &mut self.shapes[i].1;
+        if excess > 0 && stall.is_finite() {
+            let x = stall / excess as f64;
+            if planned {
+                r.planned = Some(x);
+            } else {
+                r.unplanned = Some(x);
+            }
+        }
+        let worse = matches!((r.planned, r.unplanned), (Some(p), Some(u)) if p > u);
+        if !worse {
+            r.off_for = 0;
+            return true;
+        }
+        r.off_for += 1;
+        if r.off_for > Self::RETRY {
+            // Try again: the next planned iteration replaces the old figure.
+            r.off_for = 0;
+            return true;
+        }
+        self.suppressed += 1;
+        false
+    }
+
+    /// Whether plans of shape `sig` are held off.
+    fn holds_off(&self, sig: &[u64]) -> bool {
+        self.shapes.iter().any(|(s, r)| s == sig && r.off_for > 0)
+    }
 }
 
 /// Allocations that make an iteration's signature.
@@ -166,6 +256,9 @@ impl Planner {
             sig: Vec::new(),
             planned_from: None,
             cap: 0,
+            guard: None,
+            stall0: 0.0,
+            ran_plan: false,
             stats: PlanStats::default(),
         }
     }
@@ -180,6 +273,19 @@ impl Planner {
     /// moves the new plan puts before the current position are carried out now (the
     /// cursors restart and catch up).
     fn rematch(&mut self) {
+        if self.suppressed() {
+            // The guard holds this shape's plans off: a plan made from another shape
+            // is dropped too (its pending spills with it; what it spilled is no longer
+            // hidden from the window prefetcher, its due prefetches stay due).
+            if self.has_moves() {
+                self.pending_spills.clear();
+                self.held.clear();
+                self.install(Plan::default());
+            }
+            // The iteration runs without a plan: the guard records it as such.
+            self.ran_plan = false;
+            return;
+        }
         if self.planned_from.as_ref() == Some(&self.sig) {
             return;
         }
@@ -200,7 +306,13 @@ impl Planner {
         self.install(plan);
     }
 
+    /// The guard holds plans off for this iteration's shape.
+    fn suppressed(&self) -> bool {
+        self.guard.as_ref().is_some_and(|g| g.holds_off(&self.sig))
+    }
+
     fn install(&mut self, plan: Plan) {
+        self.ran_plan |= !plan.moves.is_empty();
         self.stats.plans += 1;
         self.stats.moves += plan.moves.len() as u64;
         self.stats.max_residual_excess = self.stats.max_residual_excess.max(plan.residual_excess);
@@ -438,8 +550,10 @@ impl<B: DeviceBackend> TierManager<B> {
     /// restart): the next plan.
     pub(crate) fn plan_boundary(&mut self) {
         let t = self.compute_clock();
+        let stall = self.alloc.backend().stall_us() + self.stats.recompute_us;
         let logical = self.logical;
-        let cap = self.cfg.budget;
+        let budget = self.cfg.budget;
+        let cap = budget;
         let Some(p) = self.planner.as_deref_mut() else {
             return;
         };
@@ -451,8 +565,17 @@ impl<B: DeviceBackend> TierManager<B> {
             .next
             .take()
             .or_else(|| p.source.as_mut().and_then(|s| s.next()));
+        let may_plan = match p.guard.as_mut() {
+            Some(g) => {
+                let excess = ended.peak().saturating_sub(budget);
+                g.next_may_plan(&p.sig, p.ran_plan, stall - p.stall0, excess)
+            }
+            None => true,
+        };
+        p.stall0 = stall;
+        p.ran_plan = false;
         let from = known.as_ref().unwrap_or(&ended);
-        let plan = if from.ops.is_empty() {
+        let plan = if from.ops.is_empty() || !may_plan {
             Plan::default()
         } else {
             schedule::plan(from, cap, p.link)

@@ -111,3 +111,39 @@ fn a_wrapped_move_comes_back_at_the_next_iteration_start() {
         );
     }
 }
+
+/// The guard: a shape whose planned iteration stalled more per byte above the budget
+/// than its unplanned one runs without a plan, for `RETRY` iterations, then its plan
+/// is tried again; other shapes, and iterations within the budget, are not affected.
+#[test]
+fn the_guard_holds_off_the_plans_of_a_shape_they_made_worse() {
+    use crate::tier::planned::Guard;
+    let (a, b): (&[u64], &[u64]) = (&[1, 2, 3, 4], &[4, 3, 2, 1]);
+    let mut g = Guard::default();
+    // Nothing to compare yet: plans run.
+    assert!(g.next_may_plan(a, false, 100.0, 10));
+    // A planned iteration at 15 us a byte against 10 without: the next is held off.
+    assert!(!g.next_may_plan(a, true, 150.0, 10));
+    assert!(g.holds_off(a) && !g.holds_off(b));
+    assert_eq!(g.suppressed, 1);
+    // Another shape is compared on its own figures.
+    assert!(g.next_may_plan(b, false, 100.0, 10));
+    assert!(g.next_may_plan(b, true, 50.0, 10));
+    // An iteration within the budget records nothing: still held off.
+    assert!(!g.next_may_plan(a, false, 0.0, 0));
+    // Held off for RETRY iterations in all, then tried again.
+    let mut runs = 2;
+    while !g.next_may_plan(a, false, 100.0, 10) {
+        runs += 1;
+        assert!(runs <= Guard::RETRY, "held off past the retry");
+    }
+    assert_eq!(runs, Guard::RETRY);
+    assert!(!g.holds_off(a));
+    // A plan that now does better than the last unplanned iteration keeps running.
+    assert!(g.next_may_plan(a, true, 80.0, 10));
+    assert!(g.next_may_plan(a, true, 90.0, 10));
+    // Stall per byte, not stall: twice the stall over twice the excess is not worse.
+    let mut g = Guard::default();
+    assert!(g.next_may_plan(a, false, 100.0, 10));
+    assert!(g.next_may_plan(a, true, 200.0, 20));
+}

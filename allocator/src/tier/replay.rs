@@ -35,7 +35,7 @@ use super::directives::{Plan, PlanRun};
 
 use super::handle::TensorHandle;
 use super::manager::{TensorOpts, TierManager};
-use super::planned::Planner;
+use super::planned::{Guard, Planner};
 use super::predictive::Demand;
 use super::prefetch::{NoPrefetch, PrefetchPolicy, PreviousIterationOrder};
 use super::recompute::TimeOnly;
@@ -226,6 +226,7 @@ fn run<B: DeviceBackend>(
             p.drops = actions.recompute;
             p.link.occupancy = cfg.plan_occupancy;
             p.defer_wraps = cfg.plan_defer_wraps;
+            p.guard = cfg.plan_guard.then(Guard::default);
             m.set_planner(p);
         }
     }
@@ -466,6 +467,10 @@ fn run<B: DeviceBackend>(
     let s = m.stats().clone();
     let ahead_spills = m.demand().map_or(0, |d| d.ahead_spills);
     let plan_stats = m.planner().map(|p| p.stats.clone()).unwrap_or_default();
+    let planned_suppressed = m
+        .planner()
+        .and_then(|p| p.guard.as_ref())
+        .map_or(0, |g| g.suppressed);
     let a = m.allocator().stats();
     let iterations = trace
         .events
@@ -540,6 +545,7 @@ fn run<B: DeviceBackend>(
         planned_prefetches: plan_stats.prefetches,
         planned_replans: plan_stats.replans,
         planned_skipped: plan_stats.skipped,
+        planned_suppressed,
         drops: s.drops,
         dropped_bytes: s.dropped_bytes,
         recomputes: s.recomputes,

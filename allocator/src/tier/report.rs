@@ -75,6 +75,10 @@ pub struct TierReport {
     /// Planned moves skipped at run time (the tensor gone, elsewhere, or of other
     /// bytes than planned).
     pub planned_skipped: u64,
+    /// Iterations the plan guard ran without a plan (`TierConfig::plan_guard`: the
+    /// last planned iteration of their shape stalled more per byte above the budget
+    /// than the last unplanned one).
+    pub planned_suppressed: u64,
     /// Tensors dropped instead of spilled (`TierConfig::recompute` or the `recompute`
     /// action) and their bytes; recomputes of dropped tensors, their bytes and their
     /// compute time (part of `stall_us`, not of `transfer_stall_us`).

@@ -88,6 +88,23 @@ pub struct Trajectory {
     pub recompute_us: std::collections::HashMap<TensorKey, f64>,
 }
 
+impl Trajectory {
+    /// The highest live bytes of the trajectory (`base` included). O(ops).
+    pub fn peak(&self) -> u64 {
+        let mut l = self.base as i128;
+        let mut peak = l;
+        for op in &self.ops {
+            match op.kind {
+                OpUse::Alloc => l += op.bytes as i128,
+                OpUse::Free => l -= op.bytes as i128,
+                OpUse::Access => {}
+            }
+            peak = peak.max(l);
+        }
+        peak.max(0) as u64
+    }
+}
+
 /// Link model of the plan.
 #[derive(Debug, Clone, Copy)]
 pub struct LinkModel {
