@@ -147,3 +147,51 @@ fn the_guard_holds_off_the_plans_of_a_shape_they_made_worse() {
     assert!(g.next_may_plan(a, false, 100.0, 10));
     assert!(g.next_may_plan(a, true, 200.0, 20));
 }
+
+/// Plans are advice, and the guard stops following advice that costs more than it
+/// saves: on the synthetic MLP preset at 60% of peak (weights above the budget, the
+/// link the bottleneck) a plan from the last iteration stalls far more than reactive
+/// tiers; with the guard, iterations of its shape run without it once one planned
+/// iteration measured worse, and the stall falls back towards reactive's.
+#[test]
+fn the_plan_guard_turns_off_plans_that_raise_the_stall() {
+    use crate::config::Actions;
+    use crate::replay::ReplayForecaster;
+    use crate::tier::{replay_budgeted, Budget, TierReplayOptions};
+    use memcast_trace::synth::{generate, Family, SynthConfig};
+    let t = generate(&SynthConfig::preset(Family::Mlp)).unwrap();
+    let plan = Actions {
+        plan: true,
+        ..Actions::none()
+    };
+    let run = |guard: bool, predictive| {
+        let mut opts = TierReplayOptions {
+            budget: Budget::Fraction(0.6),
+            predictive,
+            ..Default::default()
+        };
+        opts.tier.plan_guard = guard;
+        replay_budgeted(&t, &opts).unwrap()
+    };
+    let reactive = run(true, None);
+    let off = run(false, Some((ReplayForecaster::None, plan)));
+    let on = run(true, Some((ReplayForecaster::None, plan)));
+    assert!(off.completed && on.completed);
+    assert_eq!(off.planned_suppressed, 0);
+    assert!(on.planned_suppressed >= 4, "{}", on.planned_suppressed);
+    assert!(
+        off.stall_overhead > 1.3 * reactive.stall_overhead,
+        "the case: plans hurt here ({} vs {})",
+        off.stall_overhead,
+        reactive.stall_overhead
+    );
+    assert!(
+        on.stall_overhead < 0.8 * off.stall_overhead,
+        "guard {} vs none {}",
+        on.stall_overhead,
+        off.stall_overhead
+    );
+    // The oracle's plans are never compared (it plans from the first iteration on).
+    let oracle = run(true, Some((ReplayForecaster::Oracle, plan)));
+    assert_eq!(oracle.planned_suppressed, 0);
+}
