@@ -228,3 +228,31 @@ fn no_arena_brings_back_the_segment_churn() {
         "arena {arena} device calls, --no-arena {churn}"
     );
 }
+
+/// The plan guard through the CLI: on the synthetic MLP under 60% (a plan from the
+/// last iteration stalls more than none), the text report says how many iterations ran
+/// without a plan and the JSON counts them.
+#[test]
+fn the_plan_guard_is_reported() {
+    let dir = common::scratch("plan-guard");
+    let t = dir.path().join("mlp.mctrace");
+    let t = t.to_str().unwrap();
+    ok(&["trace", "gen", "--family", "mlp", "-o", t]);
+    let args = [
+        "replay",
+        t,
+        "--policy",
+        "predictive",
+        "--forecaster",
+        "none",
+        "--conf",
+        "predictive_actions:plan",
+        "--budget",
+        "60%",
+    ];
+    let text = ok(&args);
+    assert!(text.contains("plan guard "), "{text}");
+    let mut with_json = args.to_vec();
+    with_json.push("--json");
+    assert!(json(&with_json)["planned_suppressed"].as_u64().unwrap() >= 4);
+}

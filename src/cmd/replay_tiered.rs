@@ -157,6 +157,12 @@ fn print_table(r: &TierReport) {
             r.planned_prefetches
         );
     }
+    if r.planned_suppressed > 0 {
+        out!(
+            "plan guard         {} iterations run without a plan (their shape's last planned iteration stalled more per byte above the budget than its last unplanned one)",
+            r.planned_suppressed
+        );
+    }
     if let Some(p) = &r.plan {
         out!(
             "plan (--plan)      {} directives: {} carried out, {} refused, {} prefetches waited for their spill",
