@@ -19,7 +19,7 @@ use crate::pool::Allocation;
 
 use super::handle::Place;
 use super::manager::TierManager;
-use super::spill::Candidate;
+use super::spill::{Candidate, MigrationCost};
 use super::transfer::{Completion, Direction};
 use super::TierError;
 
@@ -189,7 +189,7 @@ impl<B: DeviceBackend> TierManager<B> {
             .collect();
         let cost = self.cost.as_ref();
         let Some(w) = self.alloc.cheapest_window(bytes, 0, |p| {
-            by_ptr.get(&p.0).map(|&i| cost.cost_us(&cands[i]))
+            by_ptr.get(&p.0).map(|&i| window_cost(cost, &cands[i]))
         }) else {
             return Ok(0);
         };
@@ -410,5 +410,29 @@ fn host_len(h: &super::staging::HostLoc) -> u64 {
         super::staging::HostLoc::Warm { len, .. } | super::staging::HostLoc::Cold { len, .. } => {
             len
         }
+    }
+}
+
+/// What spilling `c` costs in an out-of-memory window (`TierManager::spill_window`):
+/// its round trip (`MigrationCost::cost_us`), and, for a tensor the prefetch policy
+/// predicts to be read again `d` operations from now, that round trip again divided by
+/// `1 + d`. A tensor read by the very next operation comes straight back, a fault on
+/// the critical path: it costs about twice its trip; one read a thousand operations
+/// later, about once (a prefetch has time to bring it back); one with no predicted read
+/// (every tensor, with a spill policy that reads no next use: reactive tiers) exactly
+/// once, as before. O(1).
+///
+/// Why: windows were chosen by the round trip alone, and where every tensor is read
+/// again soon (generation: each token step reads the key/value caches the last one
+/// made) the cheapest window held exactly those tensors: on the train split's
+/// `gpt2_medium_generate_dynamic` at 60% the out-of-memory path spilled 103.7 GB and
+/// 109.2 GB came back as faults (docs/predictive.md, "Out-of-memory windows by next
+/// use").
+fn window_cost(cost: &dyn MigrationCost, c: &Candidate) -> f64 {
+    let trip = cost.cost_us(c);
+    if c.next_use.is_finite() {
+        trip + trip / (1.0 + c.next_use.max(0.0))
+    } else {
+        trip
     }
 }

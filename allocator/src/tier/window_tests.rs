@@ -17,6 +17,17 @@ const DEVICE: u64 = 2 << 20;
 /// order 0, 4, 8, .., 28, then 2, 6, .., 30, so LRU-K's victims come one slot in four
 /// first: each spill opens only 3 slots.
 fn fragmented(by_address: bool) -> (TierManager<SimBackend>, Vec<super::TensorHandle>) {
+    let lru = Box::new(super::spill::LruK { k: 2 });
+    let order = Box::new(super::prefetch::PreviousIterationOrder::new(2048));
+    fragmented_with(by_address, lru, order)
+}
+
+/// [`fragmented`] with the spill and prefetch policies given.
+fn fragmented_with(
+    by_address: bool,
+    spill: Box<dyn super::spill::SpillPolicy>,
+    prefetch: Box<dyn super::prefetch::PrefetchPolicy>,
+) -> (TierManager<SimBackend>, Vec<super::TensorHandle>) {
     let alloc = Allocator::new(
         SimBackend::new(DEVICE, Default::default()),
         AllocConfig {
@@ -35,7 +46,8 @@ fn fragmented(by_address: bool) -> (TierManager<SimBackend>, Vec<super::TensorHa
         oom_by_address: by_address,
         ..TierConfig::default()
     };
-    let mut m = TierManager::new(alloc, cfg).unwrap();
+    let cost = Box::new(super::spill::LinkCost::default());
+    let mut m = TierManager::with_policies(alloc, cfg, spill, cost, prefetch).unwrap();
     let mut hs = Vec::new();
     for _ in 0..DEVICE / SLOT {
         hs.push(m.register(SLOT, TensorOpts::default()).unwrap());
@@ -114,5 +126,59 @@ fn pinned_tensors_bound_every_window_and_the_policy_serves_the_rest() {
     assert!(m.stats().sync_spills >= 1);
     for &h in by_addr.iter().step_by(4) {
         assert!(m.reg.get(h).unwrap().place.device().is_some());
+    }
+}
+
+/// A prefetch policy that predicts the next read of some tensors (the next
+/// operation) and of no other, and prefetches nothing.
+struct Soon(std::sync::Arc<std::sync::Mutex<Vec<super::handle::TensorKey>>>);
+
+impl super::prefetch::PrefetchPolicy for Soon {
+    fn on_access(&mut self, _: super::handle::TensorKey) {}
+    fn on_iteration(&mut self) {}
+    fn plan(
+        &mut self,
+        _: &dyn super::prefetch::PrefetchView,
+        _: u64,
+        _: &mut Vec<super::TensorHandle>,
+    ) {
+    }
+    fn next_use(&self, key: super::handle::TensorKey) -> f64 {
+        if self.0.lock().unwrap().contains(&key) {
+            0.0
+        } else {
+            f64::INFINITY
+        }
+    }
+    fn name(&self) -> &'static str {
+        "soon"
+    }
+}
+
+/// With victims by next use, a window whose tensors are read by the next operation
+/// costs more than one of the same bytes whose tensors are not read again: with every
+/// tensor but those at slots 6 and 8 predicted to be read next, the window of slots
+/// 5..10 (tensors 6 and 8) is chosen, not the lowest one (slots 1..6, tensors 2 and 4)
+/// that the round trip alone picks.
+#[test]
+fn a_window_of_tensors_read_next_costs_more() {
+    let soon = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let spill = Box::new(super::spill::FarthestNextUse::default());
+    let (mut m, by_addr) = fragmented_with(true, spill, Box::new(Soon(soon.clone())));
+    for (i, &t) in by_addr.iter().enumerate().step_by(2) {
+        if i != 6 && i != 8 {
+            soon.lock().unwrap().push(m.reg.get(t).unwrap().key);
+        }
+    }
+    let h = m.register(5 * SLOT, TensorOpts::default()).unwrap();
+    m.check_invariants().unwrap();
+    assert_eq!(m.stats().oom_windows, 1);
+    assert_eq!(m.stats().oom_spilled_bytes, 2 * SLOT);
+    let base = m.reg.get(by_addr[0]).unwrap().place.device().unwrap().ptr.0;
+    let at = m.reg.get(h).unwrap().place.device().unwrap().ptr.0;
+    assert_eq!(at, base + 5 * SLOT);
+    for (i, &t) in by_addr.iter().enumerate().step_by(2) {
+        let on_device = m.reg.get(t).unwrap().place.device().is_some();
+        assert_eq!(on_device, i != 6 && i != 8, "tensor at slot {i}");
     }
 }
