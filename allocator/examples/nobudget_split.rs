@@ -8,30 +8,18 @@
 //! `cargo run --release -p memcast-alloc --example nobudget_split [SPLIT]`
 //! (from the repository root).
 
-use memcast_alloc::replay::{replay, Policy, ReplayForecaster, ReplayOptions, ReplayReport};
+use memcast_alloc::replay::{ReplayForecaster, ReplayReport};
 use memcast_trace::corpus::{Corpus, Split};
-use memcast_trace::Trace;
+
+#[path = "shared/no_budget.rs"]
+mod shared;
+use shared::no_budget as run;
 
 const FORECASTERS: [ReplayForecaster; 3] = [
     ReplayForecaster::Lstm,
     ReplayForecaster::Seasonal,
     ReplayForecaster::Oracle,
 ];
-
-fn run(t: &Trace, f: Option<ReplayForecaster>) -> Result<ReplayReport, Box<dyn std::error::Error>> {
-    Ok(replay(
-        t,
-        &ReplayOptions {
-            policy: if f.is_some() {
-                Policy::Predictive
-            } else {
-                Policy::Memcast
-            },
-            forecaster: f.unwrap_or(ReplayForecaster::None),
-            ..Default::default()
-        },
-    )?)
-}
 
 /// Whether `p` meets the no-budget goals against reactive `r`: (overhead not worse,
 /// device calls after the first iteration as the goal for the trace's kind asks).

@@ -14,10 +14,14 @@
 //! on / off).
 
 use memcast_alloc::config::Actions;
-use memcast_alloc::replay::{replay, Policy, ReplayForecaster, ReplayOptions, ReplayReport};
+use memcast_alloc::replay::{replay, Policy, ReplayForecaster, ReplayOptions};
+
+#[path = "shared/no_budget.rs"]
+mod shared;
 use memcast_alloc::tier::{replay_budgeted, Budget, TierReplayOptions, TierReport};
 use memcast_trace::synth::{generate, Family, SynthConfig};
 use memcast_trace::Trace;
+use shared::no_budget;
 
 const FORECASTERS: [ReplayForecaster; 4] = [
     ReplayForecaster::Oracle,
@@ -41,24 +45,6 @@ fn traces() -> Result<Vec<Trace>, Box<dyn std::error::Error>> {
         v.push(t);
     }
     Ok(v)
-}
-
-fn no_budget(
-    t: &Trace,
-    f: Option<ReplayForecaster>,
-) -> Result<ReplayReport, Box<dyn std::error::Error>> {
-    Ok(replay(
-        t,
-        &ReplayOptions {
-            policy: if f.is_some() {
-                Policy::Predictive
-            } else {
-                Policy::Memcast
-            },
-            forecaster: f.unwrap_or(ReplayForecaster::None),
-            ..Default::default()
-        },
-    )?)
 }
 
 fn budgeted(
