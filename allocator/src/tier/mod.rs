@@ -113,8 +113,9 @@ pub struct TierConfig {
     /// iteration's start instead of by this one's end, when the link in is busy with
     /// the backward's tensors ([`planned`]); on by default (docs/predictive.md).
     pub plan_defer_wraps: bool,
-    /// Iterations run without a plan while the last planned one stalled more per
-    /// compute second than the last one without ([`planned::Guard`]).
+    /// Iterations of an input shape run without a plan while the last planned one of
+    /// that shape stalled more per byte above the budget than the last one without
+    /// ([`planned::Guard`]); on by default (docs/predictive.md, "The plan guard").
     pub plan_guard: bool,
     /// On an out-of-memory retry with enough free bytes for the request (the failure
     /// is fragmentation), spill exactly the tensors of the cheapest address window that

@@ -552,8 +552,7 @@ impl<B: DeviceBackend> TierManager<B> {
         let t = self.compute_clock();
         let stall = self.alloc.backend().stall_us() + self.stats.recompute_us;
         let logical = self.logical;
-        let budget = self.cfg.budget;
-        let cap = budget;
+        let cap = self.cfg.budget;
         let Some(p) = self.planner.as_deref_mut() else {
             return;
         };
@@ -567,7 +566,7 @@ impl<B: DeviceBackend> TierManager<B> {
             .or_else(|| p.source.as_mut().and_then(|s| s.next()));
         let may_plan = match p.guard.as_mut() {
             Some(g) => {
-                let excess = ended.peak().saturating_sub(budget);
+                let excess = ended.peak().saturating_sub(cap);
                 g.next_may_plan(&p.sig, p.ran_plan, stall - p.stall0, excess)
             }
             None => true,
