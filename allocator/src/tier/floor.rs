@@ -26,16 +26,9 @@ pub fn peak_floor(traj: &Trajectory, budget: u64, link: LinkModel) -> (f64, f64)
     if n == 0 {
         return (0.0, 0.0);
     }
-    let mut l = traj.base as i128;
-    let (mut peak, mut at) = (l, 0usize);
-    let mut live_after = Vec::with_capacity(n);
-    for (p, op) in traj.ops.iter().enumerate() {
-        match op.kind {
-            OpUse::Alloc => l += op.bytes as i128,
-            OpUse::Free => l -= op.bytes as i128,
-            OpUse::Access => {}
-        }
-        live_after.push(l);
+    let live_after: Vec<i128> = traj.live_after().collect();
+    let (mut peak, mut at) = (traj.base as i128, 0usize);
+    for (p, &l) in live_after.iter().enumerate() {
         if l > peak {
             peak = l;
             at = p;

@@ -89,19 +89,22 @@ pub struct Trajectory {
 }
 
 impl Trajectory {
-    /// The highest live bytes of the trajectory (`base` included). O(ops).
-    pub fn peak(&self) -> u64 {
-        let mut l = self.base as i128;
-        let mut peak = l;
-        for op in &self.ops {
+    /// Live bytes after each operation, `base` included (signed: a trajectory that
+    /// frees what it never allocated goes below zero). O(1) per item.
+    pub fn live_after(&self) -> impl Iterator<Item = i128> + '_ {
+        self.ops.iter().scan(self.base as i128, |l, op| {
             match op.kind {
-                OpUse::Alloc => l += op.bytes as i128,
-                OpUse::Free => l -= op.bytes as i128,
+                OpUse::Alloc => *l += op.bytes as i128,
+                OpUse::Free => *l -= op.bytes as i128,
                 OpUse::Access => {}
             }
-            peak = peak.max(l);
-        }
-        peak.max(0) as u64
+            Some(*l)
+        })
+    }
+
+    /// The highest live bytes of the trajectory (`base` included). O(ops).
+    pub fn peak(&self) -> u64 {
+        self.live_after().fold(self.base as i128, i128::max).max(0) as u64
     }
 }
 
@@ -205,16 +208,7 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
     }
     // L(i), and the time of each position (position `n` is the next iteration's first
     // operation: one span after this one's).
-    let mut live = Vec::with_capacity(n);
-    let mut l = traj.base as i128;
-    for op in &traj.ops {
-        match op.kind {
-            OpUse::Alloc => l += op.bytes as i128,
-            OpUse::Free => l -= op.bytes as i128,
-            OpUse::Access => {}
-        }
-        live.push(l.max(0) as u64);
-    }
+    let live: Vec<u64> = traj.live_after().map(|l| l.max(0) as u64).collect();
     let span = traj.span_us.max(traj.ops[n - 1].t);
     let time = |p: usize| -> f64 {
         if p < n {
