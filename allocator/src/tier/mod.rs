@@ -65,6 +65,8 @@ mod deferred;
 #[cfg(test)]
 mod recompute_tests;
 #[cfg(test)]
+mod replay_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod window_tests;
