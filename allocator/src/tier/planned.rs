@@ -552,13 +552,14 @@ impl<B: DeviceBackend> TierManager<B> {
         let t = self.compute_clock();
         let stall = self.alloc.backend().stall_us() + self.stats.recompute_us;
         let logical = self.logical;
-        let cap = self.cfg.budget;
+        let budget = self.cfg.budget;
         let Some(p) = self.planner.as_deref_mut() else {
             return;
         };
         let mut ended = std::mem::take(&mut p.cur);
         ended.span_us = t - p.t0;
-        let cap = (p.cap_fraction * cap as f64) as u64;
+        // The plan keeps under the cap; the guard counts the bytes above the budget.
+        let cap = (p.cap_fraction * budget as f64) as u64;
         p.cap = cap;
         let known = p
             .next
@@ -566,7 +567,7 @@ impl<B: DeviceBackend> TierManager<B> {
             .or_else(|| p.source.as_mut().and_then(|s| s.next()));
         let may_plan = match p.guard.as_mut() {
             Some(g) => {
-                let excess = ended.peak().saturating_sub(cap);
+                let excess = ended.peak().saturating_sub(budget);
                 g.next_may_plan(&p.sig, p.ran_plan, stall - p.stall0, excess)
             }
             None => true,

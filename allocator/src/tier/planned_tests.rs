@@ -148,6 +148,43 @@ fn the_guard_holds_off_the_plans_of_a_shape_they_made_worse() {
     assert!(g.next_may_plan(a, true, 200.0, 20));
 }
 
+/// The manager hands the guard the bytes the ended iteration rose above the budget,
+/// not above the plan's cap (`cap_fraction x budget`, lower): an iteration whose live
+/// bytes peak between the two stayed within the budget and records nothing.
+#[test]
+fn the_guard_counts_the_bytes_above_the_budget_not_the_cap() {
+    use crate::tier::planned::Guard;
+    let (mut m, _) = manager(1);
+    let budget = 2u64 << 20;
+    let mut p = Planner::new(0.8, None);
+    p.guard = Some(Guard::default());
+    m.set_planner(p);
+    // Four allocations (an iteration's signature): 1.8 MiB live at the peak, between
+    // the cap (1.6 MiB) and the budget (2 MiB).
+    let bytes = budget * 9 / 40;
+    for n in [4, 5] {
+        let peak = n * bytes;
+        let mut live = Vec::new();
+        for i in 0..n {
+            let h = m.register(bytes, TensorOpts::default()).unwrap();
+            write(&mut m, h, &pattern(i, bytes)).unwrap();
+            m.end_step();
+            live.push(h);
+        }
+        for h in live {
+            m.free(h).unwrap();
+        }
+        m.iteration_boundary().unwrap();
+        let g = m.planner().unwrap().guard.as_ref().unwrap();
+        let recorded = g
+            .shapes
+            .iter()
+            .any(|(_, r)| r.planned.is_some() || r.unplanned.is_some());
+        // Within the budget: nothing; above it (a fifth allocation): recorded.
+        assert_eq!(recorded, peak > budget, "peak {peak}: {g:?}");
+    }
+}
+
 /// Plans are advice, and the guard stops following advice that costs more than it
 /// saves: on the synthetic MLP preset at 60% of peak (weights above the budget, the
 /// link the bottleneck) a plan from the last iteration stalls far more than reactive
