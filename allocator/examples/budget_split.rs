@@ -3,14 +3,18 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable] [steady]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
 //! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
 //! `TierConfig::plan_defer_wraps` off; `byaddr` / `noaddr`: `TierConfig::oom_by_address`
 //! on / off; `noguard`: `TierConfig::plan_guard` off; `growable`: the allocator on growable segments, with its default page
 //! release, instead of fixed ones; `peak`: with `growable`, page release at the peak;
-//! `planned`: planned placement).
+//! `planned`: planned placement; `steady`: the stall over the compute of the iterations
+//! after the first, which no history describes and the oracle knows: the cells read
+//! `whole run / from the second iteration`, and the goals are counted both ways:
+//! predictive with the LSTM at most half of reactive, and within 1.5x of the oracle's
+//! plan, naming the traces outside).
 
 use memcast_alloc::config::Actions;
 use memcast_alloc::replay::ReplayForecaster;
@@ -57,11 +61,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!();
     println!("|---|---:|{}", "---:|".repeat(rows.len()));
     let mut sums = vec![0.0f64; rows.len() + 1];
+    let mut steady_sums = vec![0.0f64; rows.len()];
+    // Per trace, (whole run, from the second iteration) of reactive, predictive with
+    // the LSTM and the oracle's plan: the goals' three figures.
+    let mut goals: Vec<[(f64, f64); 3]> = Vec::new();
+    let mut names = Vec::new();
     let mut n = 0;
     for e in corpus.split(split) {
         let t = memcast_trace::io::load_trace(&e.path)?;
         let mut cells = Vec::new();
         let mut floor = 0.0;
+        let mut figures = Vec::new();
         for (i, (_, arena, p)) in rows.iter().enumerate() {
             let mut opts = TierReplayOptions {
                 budget,
@@ -89,13 +99,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let r = replay_budgeted(&t, &opts)?;
             floor = r.peak_floor_overhead;
             sums[i + 1] += r.stall_overhead;
-            cells.push(if r.completed {
-                format!("{:.2}", r.stall_overhead)
-            } else {
+            steady_sums[i] += after_first(&r);
+            figures.push((r.stall_overhead, after_first(&r)));
+            cells.push(if !r.completed {
                 "OOM".into()
+            } else if flag("steady") {
+                format!("{:.2} / {:.2}", r.stall_overhead, after_first(&r))
+            } else {
+                format!("{:.2}", r.stall_overhead)
             });
         }
         sums[0] += floor;
+        goals.push([figures[1], figures[2], figures[4]]);
+        names.push(e.workload.clone());
         n += 1;
         println!("| {} | {:.2} | {} |", e.workload, floor, cells.join(" | "));
     }
@@ -104,5 +120,62 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|s| format!("{:.4}", s / n as f64))
         .collect();
     println!("| mean of {n} | {} |", means.join(" | "));
+    if flag("steady") {
+        let steady: Vec<String> = steady_sums
+            .iter()
+            .map(|s| format!("{:.4}", s / n as f64))
+            .collect();
+        println!(
+            "| mean of {n}, from the second iteration | | {} |",
+            steady.join(" | ")
+        );
+        // The goals counted on the whole run and from the second iteration.
+        let count = |f: &dyn Fn(&[(f64, f64); 3], bool) -> bool, later: bool| {
+            goals.iter().filter(|g| f(g, later)).count()
+        };
+        let pick = |x: (f64, f64), later: bool| if later { x.1 } else { x.0 };
+        let halved = |g: &[(f64, f64); 3], l: bool| pick(g[1], l) <= 0.5 * pick(g[0], l);
+        let near = |g: &[(f64, f64); 3], l: bool| pick(g[1], l) <= 1.5 * pick(g[2], l);
+        println!(
+            "predictive (lstm) at most half of reactive: {} of {n} (from the second iteration: {})",
+            count(&halved, false),
+            count(&halved, true)
+        );
+        println!(
+            "predictive (lstm) within 1.5x of the oracle's plan: {} of {n} (from the second iteration: {})",
+            count(&near, false),
+            count(&near, true)
+        );
+        for later in [false, true] {
+            let outside: Vec<String> = (goals.iter().zip(&names))
+                .filter(|(g, _)| !near(g, later))
+                .map(|(g, name)| {
+                    format!(
+                        "{name} {:.4} vs {:.4}",
+                        pick(g[1], later),
+                        pick(g[2], later)
+                    )
+                })
+                .collect();
+            let when = if later {
+                "from the second iteration"
+            } else {
+                "whole run"
+            };
+            println!("outside 1.5x, {when}: {}", outside.join(", "));
+        }
+    }
     Ok(())
+}
+
+/// Stall over compute from the second iteration on (the first is the one no history
+/// describes); the whole run's figure where the trace has fewer than two iterations.
+fn after_first(r: &memcast_alloc::tier::TierReport) -> f64 {
+    let stall: f64 = r.stall_per_iteration_us.iter().skip(1).sum();
+    let compute: f64 = r.compute_per_iteration_us.iter().skip(1).sum();
+    if compute > 0.0 {
+        stall / compute
+    } else {
+        r.stall_overhead
+    }
 }
