@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Checks that the measured tables in docs/ are what the code prints today.
 
-Each table of docs/predictive.md (and the recompute figures in it) is printed by an
-example of memcast-alloc. This script builds the examples, runs each one and reports
+Each table of docs/predictive.md is printed by an example of memcast-alloc, and the
+test split's table of docs/traces.md by `memcast corpus`. This script builds the examples, runs each one and reports
 every row it prints that the document does not hold verbatim: a row that moved means
 either a change of behaviour (which the commit that made it must say and measure) or a
 table left stale. Run it before calling a change "same behaviour" and after
@@ -30,6 +30,7 @@ CHECKS = [
     ("budget-validation", ["budget_split", "validation"], "docs/predictive.md", "rows"),
     ("budget-test", ["budget_split", "test"], "docs/predictive.md", "rows"),
     ("nobudget-test", ["nobudget_split", "test"], "docs/predictive.md", "rows"),
+    ("corpus-test", ["memcast", "corpus", "--split", "test"], "docs/traces.md", "corpus"),
 ]
 
 
@@ -68,6 +69,26 @@ def merged_lstm_oracle(rows):
     return out
 
 
+def corpus_rows(text):
+    """`memcast corpus` prints a fixed-width table; docs/traces.md holds it as
+    Markdown, with `static`/`dynamic` spelled out and the WAPE cells as `a / b name`."""
+    kinds = {"stat": "static", "dyn": "dynamic"}
+    out = []
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) < 9 or f[1] not in kinds:
+            continue
+        wape = " ".join(f[8:])
+        if wape != "-":
+            wape = " ".join(
+                w.replace("/", " / ") if w[:1].isdigit() else w.replace("_", " ")
+                for w in wape.split()
+            )
+        cells = [f[0], kinds[f[1]]] + f[2:8] + [wape]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", help="names of the checks to run")
@@ -77,21 +98,29 @@ def main():
     if unknown:
         sys.exit(f"unknown check(s): {', '.join(sorted(unknown))}; known: "
                  + ", ".join(c[0] for c in CHECKS))
-    examples = sorted({c[1][0] for c in checks})
-    build = ["cargo", "build", "--release", "-p", "memcast-alloc"]
-    for e in examples:
-        build += ["--example", e]
-    subprocess.run(build, cwd=ROOT, check=True)
+    examples = sorted({c[1][0] for c in checks if c[1][0] != "memcast"})
+    if examples:
+        build = ["cargo", "build", "--release", "-p", "memcast-alloc"]
+        for e in examples:
+            build += ["--example", e]
+        subprocess.run(build, cwd=ROOT, check=True)
+    if any(c[1][0] == "memcast" for c in checks):
+        subprocess.run(["cargo", "build", "--release", "-p", "memcast"], cwd=ROOT, check=True)
     missing_total = 0
     for name, cmd, doc, how in checks:
-        exe = os.path.join(ROOT, "target", "release", "examples", cmd[0])
+        if cmd[0] == "memcast":
+            exe = os.path.join(ROOT, "target", "release", "memcast")
+        else:
+            exe = os.path.join(ROOT, "target", "release", "examples", cmd[0])
         run = subprocess.run([exe] + cmd[1:], cwd=ROOT, capture_output=True, text=True)
         if run.returncode != 0:
             print(f"{name}: `{' '.join(cmd)}` failed:\n{run.stderr}")
             missing_total += 1
             continue
         rows = table_rows(run.stdout)
-        if how == "lstm/oracle":
+        if how == "corpus":
+            rows = corpus_rows(run.stdout)
+        elif how == "lstm/oracle":
             rows = merged_lstm_oracle(rows)
         with open(os.path.join(ROOT, doc)) as f:
             text = f.read()
