@@ -64,7 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut steady_sums = vec![0.0f64; rows.len()];
     // Per trace, (whole run, from the second iteration) of reactive, predictive with
     // the LSTM and the oracle's plan: the goals' three figures.
-    let mut goals: Vec<[(f64, f64); 3]> = Vec::new();
+    let mut goals: Vec<Goals> = Vec::new();
     let mut names = Vec::new();
     let mut n = 0;
     for e in corpus.split(split) {
@@ -130,12 +130,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             steady.join(" | ")
         );
         // The goals counted on the whole run and from the second iteration.
-        let count = |f: &dyn Fn(&[(f64, f64); 3], bool) -> bool, later: bool| {
+        let count = |f: &dyn Fn(&Goals, bool) -> bool, later: bool| {
             goals.iter().filter(|g| f(g, later)).count()
         };
         let pick = |x: (f64, f64), later: bool| if later { x.1 } else { x.0 };
-        let halved = |g: &[(f64, f64); 3], l: bool| pick(g[1], l) <= 0.5 * pick(g[0], l);
-        let near = |g: &[(f64, f64); 3], l: bool| pick(g[1], l) <= 1.5 * pick(g[2], l);
+        let halved = |g: &Goals, l: bool| pick(g[1], l) <= 0.5 * pick(g[0], l);
+        let near = |g: &Goals, l: bool| pick(g[1], l) <= 1.5 * pick(g[2], l);
         println!(
             "predictive (lstm) at most half of reactive: {} of {n} (from the second iteration: {})",
             count(&halved, false),
@@ -167,6 +167,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     Ok(())
 }
+
+/// Per trace, (whole run, from the second iteration) stall overheads of reactive,
+/// predictive with the LSTM and the oracle's plan.
+type Goals = [(f64, f64); 3];
 
 /// Stall over compute from the second iteration on (the first is the one no history
 /// describes); the whole run's figure where the trace has fewer than two iterations.
