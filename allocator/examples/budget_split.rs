@@ -162,7 +162,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             } else {
                 "whole run"
             };
-            println!("outside 1.5x, {when}: {}", outside.join(", "));
+            let outside = if outside.is_empty() {
+                "none".to_string()
+            } else {
+                outside.join(", ")
+            };
+            println!("outside 1.5x, {when}: {outside}");
         }
     }
     Ok(())
