@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Checks that the measured tables in docs/ are what the code prints today.
 
-Each table of docs/predictive.md is printed by an example of memcast-alloc, and the
-test split's table of docs/traces.md by `memcast corpus`. This script builds the examples, runs each one and reports
+Each table of docs/predictive.md is printed by an example of memcast-alloc, the test
+split's table of docs/traces.md by `memcast corpus`, and docs/tiers.md's table of
+budgets by the test `tier::replay_tests::replay_table`. This script builds the examples, runs each one and reports
 every row it prints that the document does not hold verbatim: a row that moved means
 either a change of behaviour (which the commit that made it must say and measure) or a
 table left stale. Run it before calling a change "same behaviour" and after
@@ -31,6 +32,8 @@ CHECKS = [
     ("budget-test", ["budget_split", "test"], "docs/predictive.md", "rows"),
     ("nobudget-test", ["nobudget_split", "test"], "docs/predictive.md", "rows"),
     ("corpus-test", ["memcast", "corpus", "--split", "test"], "docs/traces.md", "corpus"),
+    ("tiers", ["cargo", "test", "-q", "-p", "memcast-alloc", "--lib",
+               "tier::replay_tests::replay_table", "--", "--nocapture"], "docs/tiers.md", "rows"),
 ]
 
 
@@ -98,7 +101,7 @@ def main():
     if unknown:
         sys.exit(f"unknown check(s): {', '.join(sorted(unknown))}; known: "
                  + ", ".join(c[0] for c in CHECKS))
-    examples = sorted({c[1][0] for c in checks if c[1][0] != "memcast"})
+    examples = sorted({c[1][0] for c in checks if c[1][0] not in ("memcast", "cargo")})
     if examples:
         build = ["cargo", "build", "--release", "-p", "memcast-alloc"]
         for e in examples:
@@ -108,11 +111,13 @@ def main():
         subprocess.run(["cargo", "build", "--release", "-p", "memcast"], cwd=ROOT, check=True)
     missing_total = 0
     for name, cmd, doc, how in checks:
-        if cmd[0] == "memcast":
-            exe = os.path.join(ROOT, "target", "release", "memcast")
+        if cmd[0] == "cargo":
+            argv = cmd
+        elif cmd[0] == "memcast":
+            argv = [os.path.join(ROOT, "target", "release", "memcast")] + cmd[1:]
         else:
-            exe = os.path.join(ROOT, "target", "release", "examples", cmd[0])
-        run = subprocess.run([exe] + cmd[1:], cwd=ROOT, capture_output=True, text=True)
+            argv = [os.path.join(ROOT, "target", "release", "examples", cmd[0])] + cmd[1:]
+        run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
         if run.returncode != 0:
             print(f"{name}: `{' '.join(cmd)}` failed:\n{run.stderr}")
             missing_total += 1
