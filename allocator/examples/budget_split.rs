@@ -99,12 +99,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let r = replay_budgeted(&t, &opts)?;
             floor = r.peak_floor_overhead;
             sums[i + 1] += r.stall_overhead;
-            steady_sums[i] += after_first(&r);
-            figures.push((r.stall_overhead, after_first(&r)));
+            let steady = after_first(&r);
+            steady_sums[i] += steady;
+            figures.push((r.stall_overhead, steady));
             cells.push(if !r.completed {
                 "OOM".into()
             } else if flag("steady") {
-                format!("{:.2} / {:.2}", r.stall_overhead, after_first(&r))
+                format!("{:.2} / {:.2}", r.stall_overhead, steady)
             } else {
                 format!("{:.2}", r.stall_overhead)
             });
