@@ -62,8 +62,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("|---|---:|{}", "---:|".repeat(rows.len()));
     let mut sums = vec![0.0f64; rows.len() + 1];
     let mut steady_sums = vec![0.0f64; rows.len()];
-    // Per trace, (whole run, from the second iteration) of reactive, predictive with
-    // the LSTM and the oracle's plan: the goals' three figures.
     let mut goals: Vec<Goals> = Vec::new();
     let mut names = Vec::new();
     let mut n = 0;

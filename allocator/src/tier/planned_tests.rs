@@ -155,7 +155,7 @@ fn the_guard_holds_off_the_plans_of_a_shape_they_made_worse() {
 fn the_guard_counts_the_bytes_above_the_budget_not_the_cap() {
     use crate::tier::planned::Guard;
     let (mut m, _) = manager(1);
-    let budget = 2u64 << 20;
+    let budget = m.config().budget;
     let mut p = Planner::new(0.8, None);
     p.guard = Some(Guard::default());
     m.set_planner(p);
