@@ -23,11 +23,12 @@
 //! excess): while the largest excess `max_i (L(i) - off(i) - cap)` is positive, take
 //! the not yet chosen gap with the longest window that covers that position. Then, in
 //! order of need, each chosen tensor is planned back at the first position from which
-//! it fits under the cap until its access, at the latest at its window's end (one
-//! that fits from the window's start was made redundant by later choices and is
-//! dropped). By default each copy is timed alone: queued behind others on the link it
-//! ends later, which the plan does not model; what it does not cover is left to the
-//! reactive machinery (see [`super::floor::peak_floor`] for what no policy avoids).
+//! it fits under the cap until its access, at the latest just after its window's end
+//! (the window holds the positions at which it is off: a prefetch issued at an
+//! operation holds its memory from that operation on; one that fits from the window's
+//! start was made redundant by later choices and is dropped). By default each copy is
+//! timed alone: queued behind others on the link it ends later, which the plan does
+//! not model; what it does not cover is left to the reactive machinery (see [`super::floor::peak_floor`] for what no policy avoids).
 //!
 //! Link occupancy ([`LinkModel::occupancy`], `TierConfig::plan_occupancy`; off by
 //! default): the link has one direction for spills and one for prefetches (as the sim
@@ -230,15 +231,20 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
             ..Plan::default()
         };
     }
-    // Positions p in (a, b) whose time is within [lo_t, hi_t] (b <= n, so p < n).
+    // The positions p in (a, b) at which the tensor is off the device, given its copy
+    // out ends at lo_t and its copy in may start at hi_t: time(p) >= lo_t, and the
+    // copy in starts at the next operation, time(p + 1) <= hi_t (a prefetch issued at
+    // an operation holds its memory from that operation on, so the operation it is
+    // issued at is not relieved). b <= n, so p < n and p + 1 <= n.
     let window = |g: &Gap, lo_t: f64, hi_t: f64| -> Option<(usize, usize)> {
         let (mut lo, mut hi) = (g.a + 1, g.b.checked_sub(1)?);
         if lo > hi {
             return None;
         }
-        // First position >= lo with time >= lo_t; last <= hi with time <= hi_t.
+        // First position >= lo with time >= lo_t; last <= hi whose next position's
+        // time is <= hi_t.
         lo = partition(lo, hi + 1, |p| time(p) < lo_t);
-        let hi_end = partition(lo, hi + 1, |p| time(p) <= hi_t);
+        let hi_end = partition(lo, hi + 1, |p| time(p + 1) <= hi_t);
         if hi_end == lo {
             return None;
         }
@@ -364,18 +370,17 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
         }
         let (lo, hi) = win[c].expect("chosen gaps have a window");
         let bytes = gaps[c].bytes as i64;
+        // Back at position q: resident over [q, hi], off over [lo, q - 1].
         let fits = |q: usize, tree: &MaxTree| q > hi || tree.query(q, hi) + bytes <= 0;
-        // At the latest from the window's end: later, its copy could not land before
-        // the access (it then stands above the cap at the window's end, within the
-        // budget's headroom).
+        // At the latest just after the window's end (`hi + 1`: the last position its
+        // copy in may start at and still land before the access).
         let first = partition(lo, hi + 1, |q| !fits(q, &tree));
         if first == lo {
             tree.add(lo, hi, bytes);
             return false;
         }
-        let q = first.min(hi);
-        tree.add(q, hi, bytes);
-        back[c] = q;
+        tree.add(first, hi, bytes);
+        back[c] = first;
         true
     });
     let residual = tree.max().1.max(0) as u64;
@@ -383,6 +388,9 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
         .iter()
         .map(|&c| {
             let g = gaps[c];
+            // A prefetch point past the iteration's last operation would never be
+            // reached (possible only for a copy that takes no time: a wrapped window
+            // then reaches the last operation): at the latest at that operation.
             let at = back[c].min(n - 1);
             Move {
                 key: g.key,

@@ -210,3 +210,54 @@ fn the_tree_finds_the_maximum_after_range_adds() {
     t.add(3, 3, -100);
     assert_eq!(t.max(), (2, 13));
 }
+
+/// A prefetch issued at an operation holds its memory from that operation on, so the
+/// last position of a window is one whose next operation may still start the copy in.
+/// Here A (10 B) leaves after its allocation and its window ends at the peak (F,
+/// 100 B, at t = 80), so counted as off there it looks like the longest cover; but
+/// A's copy in (10 us at 1 B/us, by t = 100) must start at the peak's own operation.
+/// Only B (10 B, read at 106, copy in from t = 95) can be off at the peak.
+#[test]
+fn a_tensor_whose_copy_in_starts_at_the_peak_does_not_cover_it() {
+    let ops = vec![
+        op(k(0), 10, OpUse::Alloc, 0.0),
+        op(k(1), 1, OpUse::Alloc, 20.0),
+        op(k(2), 10, OpUse::Alloc, 30.0),
+        op(k(3), 100, OpUse::Alloc, 80.0),
+        op(k(3), 100, OpUse::Free, 95.0),
+        op(k(0), 10, OpUse::Access, 100.0),
+        op(k(2), 10, OpUse::Access, 106.0),
+    ];
+    let t = Trajectory {
+        ops,
+        base: 0,
+        span_us: 110.0,
+        ..Default::default()
+    };
+    let cap = 10 + 1 + 10 + 100 - 5;
+    let p = plan(&t, cap, link_at(1.0));
+    assert_eq!(p.residual_excess, 0, "{p:?}");
+    assert!(resident(&t, &p).iter().all(|&r| r <= cap), "{p:?}");
+    assert!(p.moves.iter().any(|m| m.key == k(2)), "{p:?}");
+}
+
+/// A gap whose only position is the peak, where its copy in must already start,
+/// relieves nothing: no round trip is planned for it.
+#[test]
+fn a_window_that_ends_where_it_starts_plans_no_round_trip() {
+    let ops = vec![
+        op(k(0), 10, OpUse::Alloc, 0.0),
+        op(k(1), 100, OpUse::Alloc, 50.0),
+        op(k(1), 100, OpUse::Free, 95.0),
+        op(k(0), 10, OpUse::Access, 100.0),
+    ];
+    let t = Trajectory {
+        ops,
+        base: 0,
+        span_us: 110.0,
+        ..Default::default()
+    };
+    let p = plan(&t, 105, link_at(1.0));
+    assert!(p.moves.is_empty(), "{p:?}");
+    assert_eq!(p.residual_excess, 5);
+}
