@@ -39,12 +39,11 @@ pub fn peak_floor(traj: &Trajectory, budget: u64, link: LinkModel) -> (f64, f64)
         return (0.0, 0.0);
     }
     let tp = traj.ops[at].t;
-    // The tensors live at the peak and their uses. The iteration repeats: a tensor
-    // with no use before the peak was last used in the previous iteration (its last
-    // use here, one span earlier); one with no access after it is next used in the
-    // next iteration (its first access here, one span later), or never if it is
-    // freed first. Live bytes no operation names (never used in the iteration) are
-    // free to move.
+    // The tensors live at the peak and their uses. A tensor with no use before the
+    // peak in this iteration may have left before the iteration began, and one with
+    // no access after it need not come back within it: both get an unbounded slack
+    // below (only this iteration's uses constrain; see the function's docs). Live
+    // bytes no operation names (never used in the iteration) are free to move.
     let mut state: std::collections::HashMap<TensorKey, (bool, Option<f64>, u64)> =
         std::collections::HashMap::new();
     for op in &traj.ops[..=at] {

@@ -6,7 +6,8 @@
 //! At run time the plan is advice, checked before each action:
 //! - after the operation a move names (`spill_after`), its tensor is spilled as soon as
 //!   it is not pinned by the current step, if it is still on the device with the
-//!   planned bytes (a dynamic iteration may differ: a mismatch is skipped);
+//!   planned bytes (a dynamic iteration may differ: a mismatch is skipped); a spill
+//!   still waiting at the iteration's end is dropped (its window has passed);
 //! - from operation `prefetch_at` on, it is due back: prefetched in plan order as soon
 //!   as it fits under `high_watermark x budget`, never by spilling anything;
 //! - a move that drops (the `recompute` action: a recomputable tensor whose gap is too
@@ -59,6 +60,16 @@ use super::prefetch::PrefetchView;
 use super::schedule::{self, LinkModel, LoggedOp, OpUse, Plan, Trajectory};
 use super::TierError;
 
+/// A planned spill (or drop) that is due and not issued yet (its tensor was pinned).
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    key: TensorKey,
+    bytes: u64,
+    drop: bool,
+    /// The index in the current plan's moves of the move it carries out.
+    mv: usize,
+}
+
 /// Counters of planned tiers.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PlanStats {
@@ -103,13 +114,15 @@ pub struct Planner {
     by_prefetch: Vec<usize>,
     next_spill: usize,
     next_prefetch: usize,
-    /// Moves whose spill (or drop, `true`) is due and not issued yet.
-    pending_spills: Vec<(TensorKey, u64, bool)>,
+    /// Planned spills (and drops) due and not issued yet.
+    pending_spills: Vec<Pending>,
     due: Vec<(TensorKey, u64)>,
     held: HashSet<TensorKey>,
-    /// Keys whose planned prefetch was reached this iteration (a spill issued after
-    /// that is not hidden from the window prefetcher).
-    passed: HashSet<TensorKey>,
+    /// Moves of `plan` whose prefetch point was reached (a spill of that move issued
+    /// after it is not hidden from the window prefetcher). Per move, not per key: a
+    /// tensor read in the forward and the backward has two moves, and reaching the
+    /// first one's prefetch point says nothing of the second.
+    passed: HashSet<usize>,
     source: Option<Box<dyn TrajectorySource>>,
     /// The trajectory to plan the next iteration from, if given (the oracle).
     next: Option<Trajectory>,
@@ -324,6 +337,7 @@ impl Planner {
         by_prefetch.sort_by_key(|&i| (plan.moves[i].prefetch_at, plan.moves[i].needed_at));
         self.by_prefetch = by_prefetch;
         self.plan = plan;
+        self.passed.clear();
         self.next_spill = 0;
         self.next_prefetch = 0;
     }
@@ -408,7 +422,12 @@ impl<B: DeviceBackend> TierManager<B> {
             if m.spill_after > pos {
                 break;
             }
-            p.pending_spills.push((m.key, m.bytes, m.drop));
+            p.pending_spills.push(Pending {
+                key: m.key,
+                bytes: m.bytes,
+                drop: m.drop,
+                mv: p.next_spill,
+            });
             p.next_spill += 1;
         }
         while let Some(&i) = p.by_prefetch.get(p.next_prefetch) {
@@ -417,7 +436,7 @@ impl<B: DeviceBackend> TierManager<B> {
                 break;
             }
             p.held.remove(&m.key);
-            p.passed.insert(m.key);
+            p.passed.insert(i);
             p.due.push((m.key, m.bytes));
             p.next_prefetch += 1;
         }
@@ -442,7 +461,8 @@ impl<B: DeviceBackend> TierManager<B> {
     fn plan_spills_with(&mut self, p: &mut Planner) -> Result<(), TierError> {
         if !p.pending_spills.is_empty() {
             let mut keep = Vec::new();
-            for (key, bytes, drop) in std::mem::take(&mut p.pending_spills) {
+            for d in std::mem::take(&mut p.pending_spills) {
+                let (key, bytes, drop) = (d.key, d.bytes, d.drop);
                 let Some(h) = self.resolve(key) else {
                     p.stats.skipped += 1;
                     continue;
@@ -454,7 +474,7 @@ impl<B: DeviceBackend> TierManager<B> {
                 }
                 match e.place {
                     Place::Device { .. } if e.step == self.step || e.reader.is_some() => {
-                        keep.push((key, bytes, drop));
+                        keep.push(d);
                     }
                     Place::Device { .. } => {
                         // A spill that cannot start (no host memory, a failed copy) is
@@ -475,7 +495,7 @@ impl<B: DeviceBackend> TierManager<B> {
                             }
                         } else if self.start_spill(h)? {
                             p.stats.spills += 1;
-                            if !p.passed.contains(&key) {
+                            if !p.passed.contains(&d.mv) {
                                 p.held.insert(key);
                             }
                         } else {
@@ -517,7 +537,7 @@ impl<B: DeviceBackend> TierManager<B> {
                     // Still on its way out, or its spill still waits to start (a pin):
                     // keep it due, to bring it back once it is out.
                     Place::SpillingOut { .. } => i += 1,
-                    Place::Device { .. } if p.pending_spills.iter().any(|d| d.0 == key) => i += 1,
+                    Place::Device { .. } if p.pending_spills.iter().any(|d| d.key == key) => i += 1,
                     _ => {
                         p.due.remove(i);
                     }
@@ -597,7 +617,6 @@ impl<B: DeviceBackend> TierManager<B> {
         p.sig.clear();
         p.install(plan);
         p.held.clear();
-        p.passed.clear();
         // The ended iteration joins the library under its signature.
         if let Some(sig) = p.planned_from.clone() {
             if sig.len() == SIGNATURE {
@@ -613,10 +632,11 @@ impl<B: DeviceBackend> TierManager<B> {
             ..Default::default()
         };
         p.t0 = t;
-        // Spills still pending named this iteration's ordinals: drop them. Due
+        // Spills still pending (their tensors were pinned until the end) relieved
+        // windows of the iteration that ended: dropped, the tensors stay. (Issued now,
+        // a wrapped one was hidden and due to nothing, and its next use faulted.) Due
         // prefetches of persistent keys stay due (the next iteration needs them).
-        p.pending_spills
-            .retain(|(k, _, _)| matches!(k, TensorKey::Persistent(_)));
+        p.pending_spills.clear();
         p.due.retain(|(k, _)| matches!(k, TensorKey::Persistent(_)));
         p.due.extend(deferred);
     }

@@ -5,30 +5,39 @@ use crate::tier::handle::{Place, TensorKey};
 use crate::tier::manager::TensorOpts;
 use crate::tier::planned::Planner;
 use crate::tier::schedule::{LoggedOp, OpUse, Trajectory};
-use crate::tier::tests::{manager, pattern, read, write};
+use crate::tier::tests::{manager, pattern, read, write, TestBackend};
+use crate::tier::{TensorHandle, TierManager};
 
 const KIB: u64 = 1 << 10;
 const ACTS: u32 = 12;
 
-/// One iteration as the manager logs it: a read of the weight `w` (a forward that
-/// uses it only there), twelve 128 KiB activations written, then read and freed in
-/// reverse (the backward). 10 us per operation.
-fn iteration(w: crate::tier::TensorHandle, w_bytes: u64) -> Trajectory {
-    let mut ops = vec![(TensorKey::Persistent(w), w_bytes, OpUse::Access)];
-    for i in 0..ACTS {
-        ops.push((TensorKey::Ordinal(i), 128 * KIB, OpUse::Alloc));
-        ops.push((TensorKey::Ordinal(i), 128 * KIB, OpUse::Access));
+/// The operations of `halves` forward-backward passes over twelve activations each,
+/// the weight read at the start of each (`halves = 2`: the weight is read again
+/// between two peaks, as a backward that reads the weights does).
+fn ops_of(w: TensorHandle, w_bytes: u64, halves: u32) -> Vec<(TensorKey, u64, OpUse)> {
+    let mut ops = Vec::new();
+    for h in 0..halves {
+        ops.push((TensorKey::Persistent(w), w_bytes, OpUse::Access));
+        for i in h * ACTS..(h + 1) * ACTS {
+            ops.push((TensorKey::Ordinal(i), 128 * KIB, OpUse::Alloc));
+            ops.push((TensorKey::Ordinal(i), 128 * KIB, OpUse::Access));
+        }
+        for i in (h * ACTS..(h + 1) * ACTS).rev() {
+            ops.push((TensorKey::Ordinal(i), 128 * KIB, OpUse::Access));
+            ops.push((TensorKey::Ordinal(i), 128 * KIB, OpUse::Free));
+        }
     }
-    for i in (0..ACTS).rev() {
-        ops.push((TensorKey::Ordinal(i), 128 * KIB, OpUse::Access));
-        ops.push((TensorKey::Ordinal(i), 128 * KIB, OpUse::Free));
-    }
+    ops
+}
+
+/// `ops` as a logged trajectory, 10 us per operation.
+fn logged(ops: &[(TensorKey, u64, OpUse)], w_bytes: u64) -> Trajectory {
     let n = ops.len();
     Trajectory {
         ops: ops
-            .into_iter()
+            .iter()
             .enumerate()
-            .map(|(p, (key, bytes, kind))| LoggedOp {
+            .map(|(p, &(key, bytes, kind))| LoggedOp {
                 key,
                 bytes,
                 kind,
@@ -41,15 +50,8 @@ fn iteration(w: crate::tier::TensorHandle, w_bytes: u64) -> Trajectory {
     }
 }
 
-/// Runs six iterations of [`iteration`] with the oracle's plan; returns, for each
-/// iteration with a plan, where the weight was just before the boundary and just
-/// after it. The weight's bytes are checked at every read.
-fn weight_at_boundaries(defer: bool) -> Vec<(Place, Place)> {
-    let (mut m, _) = manager(3);
-    let mut p = Planner::new(0.8, None);
-    p.defer_wraps = defer;
-    m.set_planner(p);
-    let w_bytes = 256 * KIB;
+/// A persistent weight of `w_bytes`, written with a known pattern (its bytes).
+fn weight(m: &mut TierManager<TestBackend>, w_bytes: u64) -> (TensorHandle, Vec<u8>) {
     let w = m
         .register(
             w_bytes,
@@ -60,30 +62,52 @@ fn weight_at_boundaries(defer: bool) -> Vec<(Place, Place)> {
         )
         .unwrap();
     let w_data = pattern(99, w_bytes);
-    write(&mut m, w, &w_data).unwrap();
+    write(m, w, &w_data).unwrap();
     m.end_step();
-    m.set_next_trajectory(iteration(w, w_bytes));
+    (w, w_data)
+}
+
+/// Pass `half` of iteration `it` as [`ops_of`] logs it: the weight read (its bytes
+/// checked), twelve activations written, then read (checked) and freed in reverse.
+fn pass(m: &mut TierManager<TestBackend>, (w, w_data): (TensorHandle, &[u8]), it: u64, half: u32) {
+    assert_eq!(read(m, w).unwrap(), w_data, "iteration {it}");
+    m.end_step();
+    let mut live = Vec::new();
+    for i in half * ACTS..(half + 1) * ACTS {
+        let h = m.register(128 * KIB, TensorOpts::default()).unwrap();
+        let data = pattern(it * 100 + u64::from(i), 128 * KIB);
+        write(m, h, &data).unwrap();
+        m.end_step();
+        live.push((h, data));
+    }
+    while let Some((h, data)) = live.pop() {
+        assert_eq!(read(m, h).unwrap(), data, "iteration {it}");
+        m.end_step();
+        m.free(h).unwrap();
+    }
+}
+
+/// Runs six iterations of [`ops_of`] (`halves` passes each, a weight of `w_bytes`)
+/// with the oracle's plan; returns, for each iteration with a plan, where the weight
+/// was just before the boundary and just after it. The weight's bytes are checked at
+/// every read.
+fn weight_at_boundaries(defer: bool, halves: u32, w_bytes: u64) -> Vec<(Place, Place)> {
+    let (mut m, _) = manager(3);
+    let mut p = Planner::new(0.8, None);
+    p.defer_wraps = defer;
+    m.set_planner(p);
+    let (w, w_data) = weight(&mut m, w_bytes);
+    let traj = logged(&ops_of(w, w_bytes, halves), w_bytes);
+    m.set_next_trajectory(traj.clone());
     m.iteration_boundary().unwrap();
     let mut at = Vec::new();
     for it in 0..6u64 {
-        assert_eq!(read(&mut m, w).unwrap(), w_data, "iteration {it}");
-        m.end_step();
-        let mut live = Vec::new();
-        for i in 0..ACTS {
-            let h = m.register(128 * KIB, TensorOpts::default()).unwrap();
-            let data = pattern(it * 100 + u64::from(i), 128 * KIB);
-            write(&mut m, h, &data).unwrap();
-            m.end_step();
-            live.push((h, data));
-        }
-        while let Some((h, data)) = live.pop() {
-            assert_eq!(read(&mut m, h).unwrap(), data, "iteration {it}");
-            m.end_step();
-            m.free(h).unwrap();
+        for half in 0..halves {
+            pass(&mut m, (w, &w_data), it, half);
         }
         m.check_invariants().unwrap();
         let before = m.place(w).unwrap();
-        m.set_next_trajectory(iteration(w, w_bytes));
+        m.set_next_trajectory(traj.clone());
         m.iteration_boundary().unwrap();
         at.push((before, m.place(w).unwrap()));
     }
@@ -92,23 +116,46 @@ fn weight_at_boundaries(defer: bool) -> Vec<(Place, Place)> {
     at
 }
 
+/// The tensor is off the device (on the host, or its copy out in flight).
+fn off(p: &Place) -> bool {
+    matches!(p, Place::Host { .. } | Place::SpillingOut { .. })
+}
+
+/// The tensor is on the device, or its copy in is in flight.
+fn back(p: &Place) -> bool {
+    matches!(p, Place::Device { .. } | Place::PrefetchingIn { .. })
+}
+
 /// The weight's gap wraps (read in the forward, next in the next forward): the plan
 /// spills it after its read to cover the activations' peak. With `defer_wraps` it is
 /// still off the device at the iteration's end and due from the next one's start;
 /// without, it is brought back within the iteration (by its end).
 #[test]
 fn a_wrapped_move_comes_back_at_the_next_iteration_start() {
-    let off = |p: &Place| matches!(p, Place::Host { .. } | Place::SpillingOut { .. });
-    let back = |p: &Place| matches!(p, Place::Device { .. } | Place::PrefetchingIn { .. });
-    for (before, after) in weight_at_boundaries(true) {
+    for (before, after) in weight_at_boundaries(true, 1, 256 * KIB) {
         assert!(off(&before), "deferred: before the boundary {before:?}");
         assert!(back(&after), "deferred: after the boundary {after:?}");
     }
-    for (before, _) in weight_at_boundaries(false) {
+    for (before, _) in weight_at_boundaries(false, 1, 256 * KIB) {
         assert!(
             back(&before),
             "not deferred: before the boundary {before:?}"
         );
+    }
+}
+
+/// The weight is read again between two peaks, so it has two moves: one within the
+/// iteration and the wrapped one. Reaching the first one's prefetch point must not
+/// keep the second one's spill from being hidden and deferred: the weight stays off
+/// through the second peak and comes back at the next iteration's start. (With the
+/// rule kept per tensor instead of per move, the spill was not hidden: the window
+/// prefetcher brought the weight back during the second peak, and it was on the
+/// device at four of the six boundaries.)
+#[test]
+fn a_wrapped_move_after_another_move_of_the_same_tensor_is_deferred_too() {
+    for (before, after) in weight_at_boundaries(true, 2, 512 * KIB) {
+        assert!(off(&before), "before the boundary {before:?}");
+        assert!(back(&after), "after the boundary {after:?}");
     }
 }
 
@@ -231,4 +278,69 @@ fn the_plan_guard_turns_off_plans_that_raise_the_stall() {
     // The oracle's plans are never compared (it plans from the first iteration on).
     let oracle = run(true, Some((ReplayForecaster::Oracle, plan)));
     assert_eq!(oracle.planned_suppressed, 0);
+}
+
+/// A wrapped move whose spill still waits at the boundary (its tensor was read in the
+/// iteration's last step, and its window is a peak later in that step) relieved a
+/// window that has passed: it is dropped, and the tensor stays on the device. (Issued
+/// after the boundary, the spill was hidden from the window prefetcher and due to
+/// nothing: the tensor was on its way out when the next iteration read it.)
+#[test]
+fn a_planned_spill_still_waiting_at_the_boundary_is_dropped() {
+    let (mut m, _) = manager(3);
+    m.set_planner(Planner::new(0.8, None));
+    let w_bytes = 512 * KIB;
+    let (w, w_data) = weight(&mut m, w_bytes);
+    // One pass over the activations, then a last step that reads the weight and
+    // makes a peak of its own: nine 128 KiB tensors allocated and freed in the same
+    // step (with the weight, 1.625 MiB: over the 1.6 MiB cap).
+    const LAST: u32 = 9;
+    let mut ops = ops_of(w, w_bytes, 1);
+    let last_read = ops.len();
+    ops.push((TensorKey::Persistent(w), w_bytes, OpUse::Access));
+    for i in 0..LAST {
+        ops.push((TensorKey::Ordinal(ACTS + i), 128 * KIB, OpUse::Alloc));
+    }
+    for i in (0..LAST).rev() {
+        ops.push((TensorKey::Ordinal(ACTS + i), 128 * KIB, OpUse::Free));
+    }
+    let traj = logged(&ops, w_bytes);
+    let plan = crate::tier::schedule::plan(
+        &traj,
+        (0.8 * (2u64 << 20) as f64) as u64,
+        m.planner().unwrap().link,
+    );
+    assert!(
+        plan.moves.iter().any(|mv| mv.wraps
+            && mv.key == TensorKey::Persistent(w)
+            && mv.spill_after == last_read),
+        "the case needs a wrapped move from the last read: {plan:?}"
+    );
+    m.set_next_trajectory(traj.clone());
+    m.iteration_boundary().unwrap();
+    for it in 0..3u64 {
+        pass(&mut m, (w, &w_data), it, 0);
+        // The last step: no end_step before the boundary.
+        assert_eq!(read(&mut m, w).unwrap(), w_data, "iteration {it}");
+        let last: Vec<_> = (0..LAST)
+            .map(|_| m.register(128 * KIB, TensorOpts::default()).unwrap())
+            .collect();
+        for h in last.into_iter().rev() {
+            m.free(h).unwrap();
+        }
+        assert!(
+            matches!(m.place(w).unwrap(), Place::Device { .. }),
+            "pinned by its step: not spilled yet"
+        );
+        m.set_next_trajectory(traj.clone());
+        m.iteration_boundary().unwrap();
+        m.check_invariants().unwrap();
+        let p = m.planner().unwrap();
+        assert!(p.pending_spills.is_empty(), "iteration {it}");
+        assert!(
+            matches!(m.place(w).unwrap(), Place::Device { .. }),
+            "iteration {it}: after the boundary {:?}",
+            m.place(w).unwrap()
+        );
+    }
 }
