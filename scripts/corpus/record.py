@@ -22,6 +22,11 @@ The recipe, for every workload:
 With `side_stream` recipes the inputs are made on a second CUDA stream and handed to
 the compute stream with `record_stream` (as an input prefetcher does).
 
+--from-start (native mode) turns memory history on before the model is built, so the
+snapshot holds the whole process: the model's construction and the warm-up iteration
+are events before the first marker, and the trace has no static blocks. Nothing else
+changes (the allocator does not behave differently with history on).
+
 --dry-run builds the recipe on the CPU with batches of at most 2 and runs one
 iteration: it checks a recipe without a GPU.
 """
@@ -43,6 +48,10 @@ ap.add_argument("--tag", default="", help="memcast mode: suffix of the figures f
 ap.add_argument("--out", default=".")
 ap.add_argument("--iters", type=int, default=0, help="recorded iterations (default 8, 12 if dynamic)")
 ap.add_argument("--dry-run", action="store_true")
+ap.add_argument("--from-start", action="store_true",
+                help="native mode: record memory history from before the model is built")
+ap.add_argument("--max-entries", type=int, default=10_000_000,
+                help="native mode: memory history ring size (events beyond it are lost: an error)")
 ap.add_argument("--memcast-trace", default="",
                 help="memcast mode: also record what memcast sees (warm-up included) to this .mctrace")
 args = ap.parse_args()
@@ -74,6 +83,15 @@ random.seed(0)
 torch.manual_seed(0)
 rng = random.Random(0)
 t0 = time.time()
+
+
+def history_on():
+    torch.cuda.memory._record_memory_history(
+        enabled="all", context=None, stacks="python", max_entries=args.max_entries)
+
+
+if args.mode == "native" and args.from_start and not args.dry_run:
+    history_on()
 job = builder()
 side = torch.cuda.Stream() if (job.side_stream and not args.dry_run) else None
 
@@ -116,9 +134,8 @@ rec = mt.record(args.memcast_trace) if (mt is not None and args.memcast_trace) e
 iteration()  # warm-up
 torch.cuda.synchronize()
 os.makedirs(args.out, exist_ok=True)
-if args.mode == "native":
-    torch.cuda.memory._record_memory_history(
-        enabled="all", context=None, stacks="python", max_entries=2_000_000)
+if args.mode == "native" and not args.from_start:
+    history_on()
 t1 = time.time()
 step_s = []
 moved = []  # memcast mode: pages released + backed so far (the first entry includes the warm-up)
@@ -138,6 +155,10 @@ t2 = time.time()
 if args.mode == "native":
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
+    held = sum(len(t) for t in snap.get("device_traces", []))
+    if held >= args.max_entries:
+        sys.exit(f"{args.workload}: the history ring ({args.max_entries} entries) is full: "
+                 "its first events are lost; raise --max-entries")
     with open(os.path.join(args.out, f"{args.workload}.snapshot.pickle"), "wb") as f:
         pickle.dump(snap, f, protocol=4)
 if rec is not None:
@@ -187,6 +208,7 @@ fig = {
     "split": split,
     "dynamic": dynamic,
     "description": desc,
+    "from_start": bool(args.from_start and args.mode == "native"),
     "seconds_recorded": round(t2 - t1, 3),
     "torch": torch.__version__,
     "device": torch.cuda.get_device_name(),

@@ -2,13 +2,16 @@
 """Records the whole corpus (or part of it) on one GPU, then imports it with memcast.
 
     python3 scripts/corpus/record_all.py --out DIR [--jobs 6] [--only a,b,...]
-        [--memcast PATH/TO/memcast] [--deadline-s 540]
+        [--memcast PATH/TO/memcast] [--deadline-s 540] [--from-start]
 
 For each workload of scripts/corpus/workloads.py it runs record.py twice, as separate
 processes (native with memory history, then expandable segments), `--jobs` processes at
 a time. Runs share the GPU, so a run whose allocator had to retry (`num_alloc_retries`
 or `num_ooms` above 0: another process held the memory it asked for) does not count:
 it is run again at the end, alone. No new run starts after `--deadline-s`.
+With --from-start the native runs record memory history from before the model is
+built (record.py --from-start): the traces then hold the model's construction and the
+warm-up iteration, and have no static blocks.
 
 Then, with --memcast, each snapshot is imported (`memcast trace import`) into
 DIR/traces/NAME.mctrace, and DIR/pytorch_allocator_figures.jsonl and DIR/manifest.tsv
@@ -32,6 +35,7 @@ ap.add_argument("--only", default="")
 ap.add_argument("--memcast", default="")
 ap.add_argument("--deadline-s", type=float, default=540)
 ap.add_argument("--run-timeout-s", type=float, default=240)
+ap.add_argument("--from-start", action="store_true")
 args = ap.parse_args()
 
 # Read the registry without importing torch in the driver.
@@ -51,7 +55,8 @@ def launch(name, mode):
     log = open(os.path.join(args.out, "logs", f"{name}.{mode}.log"), "w")
     p = subprocess.Popen(
         [sys.executable, os.path.join(here, "record.py"), "--workload", name,
-         "--mode", mode, "--out", args.out],
+         "--mode", mode, "--out", args.out]
+        + (["--from-start"] if args.from_start and mode == "native" else []),
         stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     return (p, name, mode, time.time(), log)
 

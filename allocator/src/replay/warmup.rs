@@ -35,8 +35,10 @@ use crate::replay::{ReplayError, ReplayTarget};
 pub enum Warmup {
     /// No warm-up: static blocks are allocated first, then the recording.
     None,
-    /// `largest` when the trace's source recording shows that its allocator reserved
-    /// no memory while recording ([`reserved_nothing_while_recording`]), else `first`.
+    /// No warm-up when the trace holds its own ([`holds_its_own_warm_up`]: recorded
+    /// from the process's start); else `largest` when the trace's source recording
+    /// shows that its allocator reserved no memory while recording
+    /// ([`reserved_nothing_while_recording`]); else `first`.
     #[default]
     Auto,
     /// The trace's first iteration (a warm-up like the first recorded iteration).
@@ -44,6 +46,19 @@ pub enum Warmup {
     /// The iteration with the largest peak demand: for recordings whose warm-up ran at
     /// the largest shape (a common way to pre-reserve memory for dynamic shapes).
     Largest,
+}
+
+/// Whether `trace` was recorded from its process's start: it has no static blocks and
+/// allocates before its first iteration boundary (the model's construction and the
+/// warm-up are events, as `scripts/corpus/record.py --from-start` records them). Then
+/// there is nothing to model: the replay from its first event is what the process did.
+pub fn holds_its_own_warm_up(trace: &Trace) -> bool {
+    trace.static_blocks.is_empty()
+        && trace
+            .events
+            .iter()
+            .take_while(|e| !matches!(e.kind, EventKind::IterationBoundary))
+            .any(|e| matches!(e.kind, EventKind::Alloc { .. }))
 }
 
 /// Whether `trace` comes from a recorded PyTorch snapshot whose allocator obtained no
@@ -229,6 +244,7 @@ pub fn plan_with(
         .collect();
     let iterations = bounds.windows(2).map(|w| w[0] + 1..w[1]);
     let which = match which {
+        Warmup::Auto if holds_its_own_warm_up(trace) => return None,
         Warmup::Auto if reserved_nothing_while_recording(trace) => Warmup::Largest,
         Warmup::Auto => Warmup::First,
         w => w,

@@ -277,3 +277,34 @@ fn the_default_order_ignores_the_order_of_static_blocks() {
     }
     assert!(trace_order_mattered > 0);
 }
+
+/// A trace recorded from its process's start holds its warm-up: `auto` models none.
+/// One that allocates before its first boundary but has static blocks, or has no
+/// static blocks but starts at a boundary, still gets one.
+#[test]
+fn a_trace_recorded_from_the_start_gets_no_modelled_warm_up() {
+    let prog = [
+        ('+', 1, 9 * MIB), // the model, built before the first boundary
+        ('+', 2, 12 * MIB),
+        ('-', 2, 0), // its warm-up iteration
+        ('|', 0, 0),
+        ('+', 3, 12 * MIB),
+        ('-', 3, 0),
+        ('|', 0, 0),
+    ];
+    let mut t = Trace {
+        events: events(&prog),
+        ..Default::default()
+    };
+    assert!(holds_its_own_warm_up(&t));
+    assert!(plan(&t, Warmup::Auto, 0, StaticOrder::default()).is_none());
+    // Asked for, a modelled warm-up is still made.
+    assert!(plan(&t, Warmup::First, 0, StaticOrder::default()).is_some());
+    t.static_blocks = statics(&[MIB]);
+    assert!(!holds_its_own_warm_up(&t));
+    assert!(plan(&t, Warmup::Auto, 0, StaticOrder::default()).is_some());
+    t.static_blocks.clear();
+    t.events = events(&prog[3..]);
+    assert!(!holds_its_own_warm_up(&t));
+    assert!(plan(&t, Warmup::Auto, 0, StaticOrder::default()).is_some());
+}
