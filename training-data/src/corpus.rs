@@ -265,4 +265,40 @@ mod tests {
             assert!(c.split(s).count() >= 5, "{s}");
         }
     }
+
+    /// The corpus recorded from the process's start: the same workloads in the same
+    /// splits as the corpus, each with both figures, and each trace holds its start (no
+    /// static blocks; it allocates before its first iteration boundary).
+    #[test]
+    fn repository_from_start_corpus_holds_each_process_from_its_start() {
+        use crate::EventKind;
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+        let main = Corpus::load(&dir.join("manifest.tsv")).unwrap();
+        let c = Corpus::load(&dir.join("from-start/manifest.tsv")).unwrap();
+        assert_eq!(c.entries.len(), 50);
+        for e in &c.entries {
+            let m = main
+                .entries
+                .iter()
+                .find(|m| m.workload == e.workload)
+                .unwrap();
+            assert_eq!((m.split, &m.family), (e.split, &e.family), "{}", e.workload);
+            for a in ["pytorch-native", "pytorch-expandable-segments"] {
+                assert!(c.figures(&e.workload, a).is_some(), "{} {a}", e.workload);
+            }
+            let t = crate::io::load_trace(&e.path).unwrap();
+            t.validate().unwrap();
+            assert!(t.static_blocks.is_empty(), "{}", e.workload);
+            let first = t
+                .events
+                .iter()
+                .position(|ev| matches!(ev.kind, EventKind::IterationBoundary))
+                .unwrap();
+            assert!(
+                first > 0,
+                "{}: nothing before the first boundary",
+                e.workload
+            );
+        }
+    }
 }
