@@ -41,6 +41,12 @@ struct Logged {
     emu: PytorchEmu<SimBackend>,
     iteration: i64,
     out: Log,
+    /// The trace's index of each `Alloc` event, and how many were replayed so far
+    /// (valid for traces replayed without a modelled warm-up).
+    alloc_events: Vec<u64>,
+    allocs: usize,
+    /// `(event index, bytes)` of each segment the emulation obtained.
+    at: Rc<RefCell<Vec<(u64, u64)>>>,
 }
 
 impl Logged {
@@ -48,6 +54,12 @@ impl Logged {
         let now = self.emu.reserved();
         if now > before {
             self.out.borrow_mut().0.push((self.iteration, now - before));
+            let ev = self
+                .alloc_events
+                .get(self.allocs)
+                .copied()
+                .unwrap_or(u64::MAX);
+            self.at.borrow_mut().push((ev, now - before));
         }
     }
 }
@@ -82,6 +94,7 @@ impl ReplayTarget for Logged {
             }
         }
         self.note(before);
+        self.allocs += 1;
         Ok(h)
     }
     fn free(&mut self, h: (u32, u64), stream: u32) -> Result<(), AllocError> {
@@ -147,10 +160,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let plan = cfg.warmup_plan(&trace);
     let emu = PytorchEmu::new(SimBackend::new(opts.sim_capacity, Default::default()), cfg);
     let out = Rc::new(RefCell::new((Vec::new(), None)));
+    let at = Rc::new(RefCell::new(Vec::new()));
     let t = Logged {
         emu,
         iteration: -1,
         out: out.clone(),
+        alloc_events: (0..trace.events.len() as u64)
+            .filter(|&i| matches!(trace.events[i as usize].kind, EventKind::Alloc { .. }))
+            .collect(),
+        allocs: 0,
+        at: at.clone(),
     };
     let r = run_warm(&trace, t, &opts, plan.as_ref())?;
     let (log, start) = out.take();
@@ -180,6 +199,50 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         src.iter().map(|s| s.1).sum::<u64>() as f64 / MIB,
         src.len(),
     );
+    if std::env::var_os("FIRST_DIFF").is_some() && plan.is_none() {
+        // Each segment either side obtained, by the event whose request made it, up to
+        // the first few on which the two differ (a trace replayed with no modelled
+        // warm-up: every allocation is an event of the trace).
+        let emu_at = at.borrow();
+        let src_at: Vec<(u64, u64)> = trace
+            .source_segments
+            .iter()
+            .filter(|s| s.alloc)
+            .map(|s| (s.before_event, s.bytes))
+            .collect();
+        let (mut i, mut j, mut shown) = (0, 0, 0);
+        while (i < emu_at.len() || j < src_at.len()) && shown < 8 {
+            let (e, s) = (emu_at.get(i), src_at.get(j));
+            if e == s {
+                i += 1;
+                j += 1;
+                continue;
+            }
+            let request = |ev: u64| match trace.events.get(ev as usize).map(|e| &e.kind) {
+                Some(EventKind::Alloc { bytes, .. }) => *bytes as f64 / MIB,
+                _ => f64::NAN,
+            };
+            let take_e = match (e, s) {
+                (Some(e), Some(s)) => e.0 <= s.0,
+                (Some(_), None) => true,
+                _ => false,
+            };
+            let (side, (ev, bytes)) = if take_e {
+                i += 1;
+                ("emulation", *e.unwrap())
+            } else {
+                j += 1;
+                ("source", *s.unwrap())
+            };
+            out!(
+                "  only {side}: a {:.2} MiB segment at event {ev} (iteration {}, a request of {:.3} MiB)",
+                bytes as f64 / MIB,
+                iteration_of(ev),
+                request(ev)
+            );
+            shown += 1;
+        }
+    }
     let last = bounds.len() as i64;
     for it in -1..last {
         let (e, s) = (sum(&log, it), sum(&src, it));

@@ -12,6 +12,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use memcast_alloc::replay::pytorch::SegmentOrder;
 use memcast_alloc::replay::warmup::StaticOrder;
 use memcast_alloc::replay::{replay, Policy, ReplayForecaster, ReplayOptions};
 use memcast_alloc::tier::{replay_budgeted, Budget, TierReplayOptions};
@@ -38,6 +39,10 @@ pub struct CorpusArgs {
     /// for an imported snapshot is PyTorch's final layout).
     #[arg(long, default_value = "size-desc")]
     pub static_order: String,
+    /// The PyTorch emulation's address order of segments, which breaks ties in best
+    /// fit: newest-first (default) or oldest-first.
+    #[arg(long, default_value = "newest-first")]
+    pub segment_order: String,
     /// memcast's allocator settings for its replay, `key:value,...` (as `memcast
     /// replay --conf`; e.g. `page_release:peak`). The tiered replay keeps its own.
     #[arg(long)]
@@ -72,6 +77,13 @@ pub fn run(args: CorpusArgs) -> Result<()> {
                 args.static_order
             )
         })?;
+    let segment_order: SegmentOrder =
+        serde_json::from_value(json!(args.segment_order)).map_err(|_| {
+            anyhow::anyhow!(
+                "--segment-order {}: newest-first or oldest-first",
+                args.segment_order
+            )
+        })?;
     let corpus = Corpus::load(&args.manifest)
         .with_context(|| format!("reading corpus manifest {}", args.manifest.display()))?;
     let entries: Vec<_> = corpus.split(split).collect();
@@ -101,6 +113,7 @@ pub fn run(args: CorpusArgs) -> Result<()> {
                 ..Default::default()
             };
             o.pytorch.static_order = static_order;
+            o.pytorch.segment_order = segment_order;
             replay(&t, &o).with_context(|| format!("replaying {} ({policy:?})", e.workload))
         };
         let ours = run(Policy::Memcast)?;

@@ -178,7 +178,7 @@ fn workspaces_made_in_the_warm_up_bring_bert_b16_s512_within() {
 /// Recorded from the process's start (`record.py --from-start`: the model's
 /// construction and the warm-up are events, no static blocks), a trace leaves the
 /// emulation nothing to guess: on every train and validation trace of that corpus it
-/// is within 5% of PyTorch's peak reserved bytes (on 18 of 24 exactly). Modelling a
+/// is within 5% of PyTorch's peak reserved bytes (on 22 of 24 exactly, the others within 0.03%). Modelling a
 /// warm-up on top of the recorded one, as `auto` did before it recognised such traces,
 /// puts some outside.
 #[test]
@@ -217,7 +217,7 @@ fn traces_recorded_from_the_start_are_emulated_within_five_percent() {
         off_with_first += usize::from(error(Warmup::First).abs() >= TOLERANCE);
     }
     assert_eq!(n, 24);
-    assert!(exact >= 18, "{exact} of {n} exact");
+    assert!(exact >= 22, "{exact} of {n} exact");
     assert!(
         off_with_first > 0,
         "a modelled warm-up on top changed nothing"
