@@ -199,10 +199,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         src.iter().map(|s| s.1).sum::<u64>() as f64 / MIB,
         src.len(),
     );
-    if std::env::var_os("FIRST_DIFF").is_some() && plan.is_none() {
+    if std::env::var_os("FIRST_DIFF").is_some() && plan.is_none() && trace.static_blocks.is_empty()
+    {
         // Each segment either side obtained, by the event whose request made it, up to
         // the first few on which the two differ (a trace replayed with no modelled
-        // warm-up: every allocation is an event of the trace).
+        // warm-up and no static blocks: every allocation is an event of the trace; a
+        // segment PyTorch made for a dropped marker shows as "only source").
         let emu_at = at.borrow();
         let src_at: Vec<(u64, u64)> = trace
             .source_segments

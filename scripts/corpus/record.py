@@ -155,8 +155,8 @@ t2 = time.time()
 if args.mode == "native":
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    held = sum(len(t) for t in snap.get("device_traces", []))
-    if held >= args.max_entries:
+    # One ring per device, each capped at max_entries (the oldest entries overwritten).
+    if any(len(t) >= args.max_entries for t in snap.get("device_traces", [])):
         sys.exit(f"{args.workload}: the history ring ({args.max_entries} entries) is full: "
                  "its first events are lost; raise --max-entries")
     with open(os.path.join(args.out, f"{args.workload}.snapshot.pickle"), "wb") as f:

@@ -212,6 +212,7 @@ fn traces_recorded_from_the_start_are_emulated_within_five_percent() {
             e.workload,
             100.0 * err
         );
+        assert!(err.abs() < 0.001, "{}: {:+.3}%", e.workload, 100.0 * err);
         n += 1;
         exact += usize::from(err.abs() < 5e-5);
         off_with_first += usize::from(error(Warmup::First).abs() >= TOLERANCE);
