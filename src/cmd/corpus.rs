@@ -70,20 +70,16 @@ pub fn run(args: CorpusArgs) -> Result<()> {
         ),
         Err(e) => anyhow::bail!("--budget: {e}"),
     };
-    let static_order: StaticOrder =
-        serde_json::from_value(json!(args.static_order)).map_err(|_| {
-            anyhow::anyhow!(
-                "--static-order {}: size-desc, size-asc or trace",
-                args.static_order
-            )
-        })?;
-    let segment_order: SegmentOrder =
-        serde_json::from_value(json!(args.segment_order)).map_err(|_| {
-            anyhow::anyhow!(
-                "--segment-order {}: newest-first or oldest-first",
-                args.segment_order
-            )
-        })?;
+    let static_order: StaticOrder = choice(
+        "--static-order",
+        &args.static_order,
+        "size-desc, size-asc or trace",
+    )?;
+    let segment_order: SegmentOrder = choice(
+        "--segment-order",
+        &args.segment_order,
+        "newest-first or oldest-first",
+    )?;
     let corpus = Corpus::load(&args.manifest)
         .with_context(|| format!("reading corpus manifest {}", args.manifest.display()))?;
     let entries: Vec<_> = corpus.split(split).collect();
@@ -329,4 +325,9 @@ fn print_table(split: Split, budget: f64, rows: &[serde_json::Value], s: &serde_
         frac("dynamic_lstm_peak_rise_wape_at_most_0_8x_best_baseline")
     );
     out!("tiered replays completed: {}", frac("tiered_completed"));
+}
+
+/// A kebab-case setting named `value`, or an error naming the flag and its `choices`.
+fn choice<T: serde::de::DeserializeOwned>(flag: &str, value: &str, choices: &str) -> Result<T> {
+    serde_json::from_value(json!(value)).map_err(|_| anyhow::anyhow!("{flag} {value}: {choices}"))
 }
