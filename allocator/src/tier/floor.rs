@@ -1,7 +1,7 @@
-//! The peak floor of a budgeted replay: per iteration, [`peak_floor`] of the trace's
-//! own trajectory (every tensor resident, the trace's compute times), summed. A lower
-//! bound on the stall of any policy that only moves tensors, at the link's peak
-//! bandwidths: what the stall of a policy should be compared with.
+//! The peak floor of a budgeted replay: per iteration, [`iteration_floor`] of the
+//! trace's own trajectory (every tensor resident, the trace's compute times), summed.
+//! A lower bound on the stall of any policy that only moves whole tensors, at the
+//! link's peak bandwidths: what the stall of a policy should be compared with.
 
 use std::collections::HashMap;
 
@@ -10,43 +10,118 @@ use super::handle::TensorKey;
 use super::schedule::{LinkModel, LoggedOp, OpUse, Trajectory};
 
 /// A lower bound on the stall of one iteration under a budget, for any policy that
-/// moves tensors (no recomputation), from the iteration's highest point: at the peak
-/// `t_p`, `E = L(t_p) - budget` bytes must be off the device. They left over one
+/// moves whole tensors (no recomputation), from the iteration's highest point: at the
+/// peak `t_p`, `E = L(t_p) - budget` bytes must be off the device. They left over one
 /// link after they were last used before the peak, and come back over the other
 /// before their next use: the least stall before the peak is that of the `E` bytes
 /// last used earliest, sent back to back (`max_s (sum_{used >= s} bytes / bw - (t_p -
 /// s))`), and after it symmetrically that of the `E` bytes needed latest (the two
-/// sets chosen apart). Only this iteration's uses constrain: a tensor not used
-/// before the peak may have left before the iteration began, one not read after it
-/// need not come back within it; so each iteration's bound holds whatever the other
-/// iterations do, the bounds count stalls of disjoint spans, and their sum bounds a
-/// whole replay. Returns `(before_us, after_us)`; `(0, 0)` when the trajectory fits.
+/// sets chosen apart). A tensor's device memory is free only once all of it has
+/// left, so each side is also at least the smallest `c` such that the tensors whose
+/// own trip costs at most `c` (`bytes / bw - slack`) hold `E` bytes. Only this
+/// iteration's uses constrain: a tensor not used before the peak may have left
+/// before the iteration began, one not read after it need not come back within it;
+/// so each iteration's bound holds whatever the other iterations do, the bounds
+/// count stalls of disjoint spans, and their sum bounds a whole replay. Returns
+/// `(before_us, after_us)`; `(0, 0)` when the trajectory fits. [`iteration_floor`]
+/// adds the iteration's other peaks.
 pub fn peak_floor(traj: &Trajectory, budget: u64, link: LinkModel) -> (f64, f64) {
     let n = traj.ops.len();
     if n == 0 {
         return (0.0, 0.0);
     }
     let live_after: Vec<i128> = traj.live_after().collect();
-    let (mut peak, mut at) = (traj.base as i128, 0usize);
+    let mut at = 0usize;
     for (p, &l) in live_after.iter().enumerate() {
-        if l > peak {
-            peak = l;
+        if l > live_after[at] {
             at = p;
         }
     }
+    window_floor(traj, &live_after, 0..n, at, budget, link)
+}
+
+/// The floor of one iteration: the larger of [`peak_floor`] and the sum over its
+/// peaks. Every maximal run of operations above the budget has a peak (its highest
+/// point); the iteration is cut at the lowest point between two runs, and each
+/// piece's bound counts only the uses inside it (a tensor last used before the piece
+/// may have left before it, one next used after it may come back after it), so the
+/// stalls the pieces bound lie in disjoint spans and add up. O(n log n).
+pub fn iteration_floor(traj: &Trajectory, budget: u64, link: LinkModel) -> f64 {
+    let n = traj.ops.len();
+    if n == 0 {
+        return 0.0;
+    }
+    let live_after: Vec<i128> = traj.live_after().collect();
+    let cap = budget as i128;
+    // The peak of each run above the budget, and the lowest point after each run
+    // (up to the next run).
+    let mut peaks: Vec<usize> = Vec::new();
+    let mut valleys: Vec<usize> = Vec::new();
+    let mut in_run = false;
+    for (p, &l) in live_after.iter().enumerate() {
+        if l > cap {
+            if !in_run {
+                peaks.push(p);
+                in_run = true;
+            } else if l > live_after[*peaks.last().unwrap()] {
+                *peaks.last_mut().unwrap() = p;
+            }
+        } else {
+            if in_run {
+                valleys.push(p);
+                in_run = false;
+            } else if let Some(v) = valleys.last_mut() {
+                if l < live_after[*v] {
+                    *v = p;
+                }
+            }
+        }
+    }
+    let (b, a) = peak_floor(traj, budget, link);
+    let global = b + a;
+    if peaks.len() < 2 {
+        return global;
+    }
+    // Pieces: `[0, v_0]`, `(v_0, v_1]`, ..., `(v_{k-2}, n)`; a valley after the last
+    // peak is not a cut.
+    let mut sum = 0.0;
+    let mut lo = 0usize;
+    for (i, &at) in peaks.iter().enumerate() {
+        let hi = if i + 1 < peaks.len() {
+            valleys[i] + 1
+        } else {
+            n
+        };
+        let (b, a) = window_floor(traj, &live_after, lo..hi, at, budget, link);
+        sum += b + a;
+        lo = hi;
+    }
+    global.max(sum)
+}
+
+/// The bound of [`peak_floor`] at operation `at`, counting only the uses of the
+/// operations in `window` (which holds `at`).
+fn window_floor(
+    traj: &Trajectory,
+    live_after: &[i128],
+    window: std::ops::Range<usize>,
+    at: usize,
+    budget: u64,
+    link: LinkModel,
+) -> (f64, f64) {
+    let peak = live_after[at];
     let excess = peak - budget as i128;
     if excess <= 0 {
         return (0.0, 0.0);
     }
     let tp = traj.ops[at].t;
     // The tensors live at the peak and their uses. A tensor with no use before the
-    // peak in this iteration may have left before the iteration began, and one with
-    // no access after it need not come back within it: both get an unbounded slack
-    // below (only this iteration's uses constrain; see the function's docs). Live
-    // bytes no operation names (never used in the iteration) are free to move.
-    let mut state: std::collections::HashMap<TensorKey, (bool, Option<f64>, u64)> =
-        std::collections::HashMap::new();
-    for op in &traj.ops[..=at] {
+    // peak in the window may have left before the window began, and one with no
+    // access after it need not come back within it: both get an unbounded slack
+    // below (only the window's uses constrain; see `peak_floor`'s docs). Live
+    // bytes no operation of the window names are free to move.
+    let mut state: HashMap<TensorKey, (bool, Option<f64>, u64)> = HashMap::new();
+    for op in &traj.ops[window.start..=at] {
         match op.kind {
             OpUse::Alloc => {
                 state.insert(op.key, (true, Some(op.t), op.bytes));
@@ -60,15 +135,15 @@ pub fn peak_floor(traj: &Trajectory, budget: u64, link: LinkModel) -> (f64, f64)
             }
         }
     }
-    // Live from the start and first named after the peak (read, or freed, later).
-    for op in &traj.ops[at + 1..] {
+    let after_ops = &traj.ops[at + 1..window.end];
+    // Live before the peak's uses and first named after the peak (read, or freed, later).
+    for op in after_ops {
         let from_start = op.kind != OpUse::Alloc;
         state.entry(op.key).or_insert((from_start, None, op.bytes));
     }
     // After the peak: the next access, unless a free comes first.
-    let mut next: std::collections::HashMap<TensorKey, Option<f64>> =
-        std::collections::HashMap::new();
-    for op in &traj.ops[at + 1..] {
+    let mut next: HashMap<TensorKey, Option<f64>> = HashMap::new();
+    for op in after_ops {
         if next.contains_key(&op.key) {
             continue;
         }
@@ -90,8 +165,6 @@ pub fn peak_floor(traj: &Trajectory, budget: u64, link: LinkModel) -> (f64, f64)
             continue;
         }
         seen += bytes;
-        // Not used before the peak in this iteration: it may have left before the
-        // iteration began; not read after it: it need not come back within it.
         before.push((last.map_or(f64::INFINITY, |t| tp - t), bytes));
         let nx = next.get(k).copied().flatten();
         after.push((nx.map_or(f64::INFINITY, |t| t - tp), bytes));
@@ -101,37 +174,55 @@ pub fn peak_floor(traj: &Trajectory, budget: u64, link: LinkModel) -> (f64, f64)
     if need == 0 {
         return (0.0, 0.0);
     }
-    // Each item: (slack: time from its use to the peak, or from the peak to its use;
-    // bytes). The least stall moves the `need` bytes of most slack; in the order of
-    // the link (least slack last), the stall is the worst of `(bytes queued up to
-    // and including the item) / rate - its slack`.
-    let bound = |mut items: Vec<(f64, u64)>, rate: f64| -> f64 {
-        items.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let mut chosen = Vec::new();
-        let mut sent = 0u64;
-        for (slack, b) in items {
-            if sent >= need {
-                break;
-            }
-            let take = b.min(need - sent);
-            sent += take;
-            chosen.push((slack, take));
-        }
-        // On the link: before the peak in order of release (most slack first), the
-        // bytes after an item are what delays the peak; after the peak, deadlines in
-        // increasing order (least slack first).
-        chosen.reverse();
-        let (mut queued, mut worst) = (0u64, 0.0f64);
-        for (slack, b) in chosen {
-            queued += b;
-            worst = worst.max(queued as f64 / rate - slack);
-        }
-        worst.max(0.0)
-    };
     (
-        bound(before, link.out_bytes_per_us),
-        bound(after, link.in_bytes_per_us),
+        side_bound(before, need, link.out_bytes_per_us),
+        side_bound(after, need, link.in_bytes_per_us),
     )
+}
+
+/// The least stall of moving `need` bytes of `items` (slack: time from its use to the
+/// peak, or from the peak to its use; bytes) over a link of `rate` bytes/us: the
+/// larger of the fluid bound (the `need` bytes of most slack, in the order of the
+/// link, least slack last: the worst of `(bytes queued up to and including the
+/// item) / rate - its slack`) and the whole-tensor bound (tensors in order of their
+/// own trip `bytes / rate - slack` until they hold `need`: the last one's trip).
+fn side_bound(mut items: Vec<(f64, u64)>, need: u64, rate: f64) -> f64 {
+    items.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut chosen = Vec::new();
+    let mut sent = 0u64;
+    for &(slack, b) in &items {
+        if sent >= need {
+            break;
+        }
+        let take = b.min(need - sent);
+        sent += take;
+        chosen.push((slack, take));
+    }
+    // On the link: before the peak in order of release (most slack first), the bytes
+    // after an item are what delays the peak; after the peak, deadlines in increasing
+    // order (least slack first).
+    chosen.reverse();
+    let (mut queued, mut worst) = (0u64, 0.0f64);
+    for (slack, b) in chosen {
+        queued += b;
+        worst = worst.max(queued as f64 / rate - slack);
+    }
+    // Whole tensors: any set holding `need` bytes has a member whose own trip costs
+    // at least the `need`-th byte's in order of trip cost.
+    let mut trips: Vec<(f64, u64)> = items
+        .iter()
+        .map(|&(slack, b)| (b as f64 / rate - slack, b))
+        .collect();
+    trips.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut held = 0u64;
+    for (c, b) in trips {
+        held += b;
+        if held >= need {
+            worst = worst.max(c);
+            break;
+        }
+    }
+    worst.max(0.0)
 }
 
 /// The trajectories of the iterations of `program` (the part before the first
@@ -261,10 +352,7 @@ pub fn replay_floor(program: &[Op], bytes_of: &HashMap<u64, u64>, budget: u64) -
     let link = LinkModel::peak();
     trajectories(program, bytes_of)
         .iter()
-        .map(|tr| {
-            let (before, after) = peak_floor(tr, budget, link);
-            before + after
-        })
+        .map(|tr| iteration_floor(tr, budget, link))
         .sum()
 }
 
@@ -326,5 +414,81 @@ mod tests {
         assert!((after - 40.0).abs() < 1e-9, "{after}");
         // Within the budget: nothing to move.
         assert_eq!(peak_floor(&traj, 4 * mb, link), (0.0, 0.0));
+    }
+
+    fn op(i: u32, bytes: u64, kind: OpUse, t: f64) -> LoggedOp {
+        LoggedOp {
+            key: TensorKey::Ordinal(i),
+            bytes,
+            kind,
+            t,
+        }
+    }
+
+    /// 1 MB per 20 us both ways, no latency.
+    fn slow_link() -> LinkModel {
+        LinkModel {
+            out_bytes_per_us: 1_000_000.0 / 20.0,
+            in_bytes_per_us: 1_000_000.0 / 20.0,
+            latency_us: 0.0,
+            occupancy: false,
+        }
+    }
+
+    #[test]
+    fn a_tensor_leaves_whole() {
+        // A 3 MB tensor made at t = 0 and a 1 MB one at t = 10, both read and freed at
+        // t = 100; a budget of 2 MB: 2 MB must be off at t = 10. As a fluid, 2 MB of
+        // the large one leave from t = 0 (40 us: 30 late); whole, it is all 3 MB (60
+        // us: 50 late) or the small one, made at the peak (20 us late), which alone
+        // is not enough. After the peak both are read 90 us later: in time.
+        let mb = 1_000_000;
+        let traj = Trajectory {
+            ops: vec![
+                op(0, 3 * mb, OpUse::Alloc, 0.0),
+                op(1, mb, OpUse::Alloc, 10.0),
+                op(0, 3 * mb, OpUse::Access, 100.0),
+                op(0, 3 * mb, OpUse::Free, 100.0),
+                op(1, mb, OpUse::Access, 100.0),
+                op(1, mb, OpUse::Free, 100.0),
+            ],
+            base: 0,
+            span_us: 100.0,
+            ..Default::default()
+        };
+        let (before, after) = peak_floor(&traj, 2 * mb, slow_link());
+        assert!((before - 50.0).abs() < 1e-9, "{before}");
+        assert_eq!(after, 0.0);
+    }
+
+    #[test]
+    fn each_peak_of_an_iteration_adds_its_stall() {
+        // The pattern of `a_tensor_leaves_whole` twice, 1,000 us apart, with nothing
+        // live between: each peak costs 50 us before it, and the second one is as
+        // high as the first, so the highest point alone bounds only one of them.
+        let mb = 1_000_000;
+        let mut ops = Vec::new();
+        for (n, t0) in [(0u32, 0.0), (2, 1000.0)] {
+            ops.extend([
+                op(n, 3 * mb, OpUse::Alloc, t0),
+                op(n + 1, mb, OpUse::Alloc, t0 + 10.0),
+                op(n, 3 * mb, OpUse::Access, t0 + 100.0),
+                op(n, 3 * mb, OpUse::Free, t0 + 100.0),
+                op(n + 1, mb, OpUse::Access, t0 + 100.0),
+                op(n + 1, mb, OpUse::Free, t0 + 100.0),
+            ]);
+        }
+        let traj = Trajectory {
+            ops,
+            base: 0,
+            span_us: 1100.0,
+            ..Default::default()
+        };
+        let (before, after) = peak_floor(&traj, 2 * mb, slow_link());
+        assert!((before + after - 50.0).abs() < 1e-9, "{before} {after}");
+        let all = iteration_floor(&traj, 2 * mb, slow_link());
+        assert!((all - 100.0).abs() < 1e-9, "{all}");
+        // Within the budget: nothing.
+        assert_eq!(iteration_floor(&traj, 4 * mb, slow_link()), 0.0);
     }
 }

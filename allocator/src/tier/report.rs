@@ -50,10 +50,11 @@ pub struct TierReport {
     /// share of compute.
     pub link_floor_us: f64,
     pub link_floor_overhead: f64,
-    /// The peak floor: per iteration, the least stall any policy that moves tensors
-    /// needs to get the bytes above the budget at the iteration's peak off the device
-    /// before it and back after it, each tensor no earlier than its last use and no
-    /// later than its next (see `tier::floor::peak_floor`), summed; and as a share
+    /// The peak floor: per iteration, the least stall any policy that moves whole
+    /// tensors needs to get the bytes above the budget at the iteration's peaks off
+    /// the device before them and back after them, each tensor no earlier than its
+    /// last use and no later than its next (see `tier::floor::iteration_floor`),
+    /// summed; and as a share
     /// of compute. A lower bound (`link_floor_us` is an estimate: it assumes every byte above
     /// the budget moves every iteration).
     pub peak_floor_us: f64,
