@@ -27,6 +27,11 @@ snapshot holds the whole process: the model's construction and the warm-up itera
 are events before the first marker, and the trace has no static blocks. Nothing else
 changes (the allocator does not behave differently with history on).
 
+--launch-blocking sets CUDA_LAUNCH_BLOCKING=1 before CUDA starts: every kernel launch
+waits for the kernel, so the host's clock, which the snapshot's event times are read
+from, follows the GPU's work instead of running ahead of it and waiting at the
+iteration's end (the figures say `launch_blocking` and each iteration's wall time).
+
 --dry-run builds the recipe on the CPU with batches of at most 2 and runs one
 iteration: it checks a recipe without a GPU.
 """
@@ -52,6 +57,8 @@ ap.add_argument("--from-start", action="store_true",
                 help="native mode: record memory history from before the model is built")
 ap.add_argument("--max-entries", type=int, default=10_000_000,
                 help="native mode: memory history ring size (events beyond it are lost: an error)")
+ap.add_argument("--launch-blocking", action="store_true",
+                help="CUDA_LAUNCH_BLOCKING=1: event times follow the GPU's work")
 ap.add_argument("--memcast-trace", default="",
                 help="memcast mode: also record what memcast sees (warm-up included) to this .mctrace")
 args = ap.parse_args()
@@ -60,6 +67,8 @@ if args.mode == "expandable":
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
 else:
     os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+if args.launch_blocking:
+    os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
@@ -210,6 +219,8 @@ fig = {
     "description": desc,
     "from_start": bool(args.from_start and args.mode == "native"),
     "seconds_recorded": round(t2 - t1, 3),
+    "iteration_s": [round(x, 4) for x in step_s],
+    "launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") == "1",
     "torch": torch.__version__,
     "device": torch.cuda.get_device_name(),
 }
