@@ -192,7 +192,7 @@ pub fn run(c: TraceCommand) -> Result<()> {
 }
 
 fn print_stats(s: &TraceStats) {
-    let rows: [(&str, String); 12] = [
+    let rows: [(&str, String); 13] = [
         ("events", s.events.to_string()),
         ("allocs / frees", format!("{} / {}", s.allocs, s.frees)),
         ("accesses", s.accesses.to_string()),
@@ -213,6 +213,19 @@ fn print_stats(s: &TraceStats) {
         ("distinct sizes", s.distinct_sizes.to_string()),
         ("streams", s.streams.to_string()),
         ("duration", format!("{:.3} s", s.duration_us as f64 / 1e6)),
+        (
+            "iteration (median)",
+            if s.iteration_us == 0 {
+                "-".into()
+            } else {
+                format!(
+                    "{:.1} ms, longest wait {:.1} ms ({:.0}%)",
+                    s.iteration_us as f64 / 1e3,
+                    s.longest_wait_us as f64 / 1e3,
+                    100.0 * s.longest_wait_us as f64 / s.iteration_us as f64
+                )
+            },
+        ),
         ("live at end", s.live_at_end.to_string()),
         ("total requested", human_bytes(s.total_requested_bytes)),
     ];

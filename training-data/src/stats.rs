@@ -29,6 +29,15 @@ pub struct TraceStats {
     pub distinct_sizes: u64,
     pub streams: u64,
     pub duration_us: u64,
+    /// Median over the iterations (spans between consecutive boundaries) of their
+    /// length; 0 with fewer than two boundaries.
+    pub iteration_us: u64,
+    /// Median over the iterations of the longest stretch without an event. Event times
+    /// are the host's: a host that runs ahead of the GPU issues an iteration's
+    /// allocations early and then waits (at a synchronization) with nothing to record,
+    /// so a large share of `iteration_us` here says the trace's compute times are the
+    /// host's, not the GPU's (docs/tiers.md, "The compute timeline").
+    pub longest_wait_us: u64,
     /// Tensors still live at the end (allocated in the trace, never freed).
     pub live_at_end: u64,
     pub total_requested_bytes: u64,
@@ -143,6 +152,7 @@ impl TraceStats {
             (Some(a), Some(b)) => b.time_us - a.time_us,
             _ => 0,
         };
+        let (iteration_us, longest_wait_us) = iteration_times(t);
         Ok(TraceStats {
             name: t.meta.name.clone(),
             events: t.events.len() as u64,
@@ -158,10 +168,40 @@ impl TraceStats {
             distinct_sizes: sizes.len() as u64,
             streams: streams.len().max(1) as u64,
             duration_us,
+            iteration_us,
+            longest_wait_us,
             live_at_end: live.values().filter(|(_, s)| !s).count() as u64,
             total_requested_bytes: total,
         })
     }
+}
+
+/// The medians over the iterations of a trace of their span and of the longest
+/// stretch between two events within them (boundaries included), us; `(0, 0)` with
+/// fewer than two boundaries. O(events).
+fn iteration_times(t: &Trace) -> (u64, u64) {
+    let mut spans = Vec::new();
+    let mut waits = Vec::new();
+    let (mut start, mut prev, mut wait) = (None::<u64>, 0u64, 0u64);
+    for e in &t.events {
+        if start.is_some() {
+            wait = wait.max(e.time_us.saturating_sub(prev));
+        }
+        prev = e.time_us;
+        if matches!(e.kind, EventKind::IterationBoundary) {
+            if let Some(s) = start {
+                spans.push(e.time_us.saturating_sub(s));
+                waits.push(wait);
+            }
+            start = Some(e.time_us);
+            wait = 0;
+        }
+    }
+    let median = |mut v: Vec<u64>| {
+        v.sort_unstable();
+        v.get(v.len() / 2).copied().unwrap_or(0)
+    };
+    (median(spans), median(waits))
 }
 
 /// Human-readable byte count (binary units), for printing.
@@ -235,6 +275,42 @@ mod tests {
             (2, 2, 1, 9)
         );
         assert_eq!(s.live_at_end, 1);
+        // One iteration of 9 us; its longest stretch without an event: 4 -> 9.
+        assert_eq!((s.iteration_us, s.longest_wait_us), (9, 5));
+    }
+
+    #[test]
+    fn iteration_times_are_medians_over_the_iterations() {
+        let ev = |time_us, kind| Event { time_us, kind };
+        let alloc = |id| EventKind::Alloc {
+            id,
+            bytes: 8,
+            stream: 0,
+        };
+        let b = EventKind::IterationBoundary;
+        // Iterations of 10, 30 and 20 us whose longest waits are 6, 25 and 2 us (the
+        // last: ten events 2 us apart); before the first boundary nothing counts.
+        let mut events = vec![
+            ev(0, alloc(1)),
+            ev(100, b),
+            ev(104, alloc(2)),
+            ev(110, b),
+            ev(115, alloc(3)),
+            ev(140, b),
+        ];
+        for i in 1..=10 {
+            events.push(ev(140 + 2 * i, if i == 10 { b } else { alloc(3 + i) }));
+        }
+        let t = Trace {
+            events,
+            ..Default::default()
+        };
+        assert_eq!(iteration_times(&t), (20, 6));
+        let none = Trace {
+            events: vec![ev(0, alloc(1)), ev(5, b)],
+            ..Default::default()
+        };
+        assert_eq!(iteration_times(&none), (0, 0));
     }
 
     #[test]
