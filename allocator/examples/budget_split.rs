@@ -3,7 +3,7 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable] [steady]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable] [steady] [manifest=PATH]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
 //! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
@@ -12,7 +12,8 @@
 //! release, instead of fixed ones; `peak`: with `growable`, page release at the peak;
 //! `planned`: planned placement; `steady`: the stall over the compute of the iterations
 //! after the first, which no history describes and the oracle knows: the cells read
-//! `whole run / from the second iteration`, and the goals are counted both ways:
+//! `whole run / from the second iteration`, and the goals are counted both ways;
+//! `manifest=PATH`: another corpus manifest (default `training-data/corpus/manifest.tsv`):
 //! predictive with the LSTM at most half of reactive, and within 1.5x of the oracle's
 //! plan, naming the traces outside).
 
@@ -32,7 +33,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .parse()?;
     let flag = |f: &str| std::env::args().skip(3).any(|a| a == f);
     let (occupancy, defer) = (flag("occupancy"), !flag("nodefer"));
-    let corpus = Corpus::load(std::path::Path::new("training-data/corpus/manifest.tsv"))?;
+    let manifest = std::env::args()
+        .skip(3)
+        .find_map(|a| a.strip_prefix("manifest=").map(String::from))
+        .unwrap_or_else(|| "training-data/corpus/manifest.tsv".into());
+    let corpus = Corpus::load(std::path::Path::new(&manifest))?;
     let plan = Actions {
         plan: true,
         ..Actions::none()

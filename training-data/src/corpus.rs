@@ -301,4 +301,96 @@ mod tests {
             );
         }
     }
+
+    /// The test split recorded with `CUDA_LAUNCH_BLOCKING=1`, each workload alone on
+    /// the GPU (`record.py --launch-blocking`): the same programs as the corpus's
+    /// traces, allocation for allocation (the order of the static blocks, read from
+    /// the final layout, and of frees that complete together may differ; Faster
+    /// R-CNN's data-dependent proposals differ), with event times that follow the
+    /// GPU's work: no iteration has one long wait at its end.
+    #[test]
+    fn repository_launch_blocking_corpus_holds_the_same_programs() {
+        use crate::{EventKind, Trace};
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+        let main = Corpus::load(&dir.join("manifest.tsv")).unwrap();
+        let c = Corpus::load(&dir.join("launch-blocking/manifest.tsv")).unwrap();
+        assert_eq!(c.split(Split::Test).count(), 26);
+        assert_eq!(c.entries.len(), 26);
+        // The static blocks' sizes, sorted; the allocations in order (bytes, stream);
+        // per iteration, the sizes of the tensors freed, sorted (frees that complete
+        // together may complete in another order: PyTorch frees a block used on a
+        // second stream once that stream's events have completed).
+        type Program = (Vec<u64>, Vec<(u64, u32)>, Vec<Vec<u64>>);
+        let program = |t: &Trace| -> Program {
+            let mut bytes: std::collections::HashMap<u64, u64> =
+                t.static_blocks.iter().map(|b| (b.id, b.bytes)).collect();
+            let mut statics: Vec<u64> = t.static_blocks.iter().map(|b| b.bytes).collect();
+            statics.sort_unstable();
+            let (mut allocs, mut frees) = (Vec::new(), vec![Vec::new()]);
+            for e in &t.events {
+                match e.kind {
+                    EventKind::Alloc {
+                        id,
+                        bytes: b,
+                        stream,
+                    } => {
+                        bytes.insert(id, b);
+                        allocs.push((b, stream));
+                    }
+                    EventKind::Free { id } => frees.last_mut().unwrap().push(bytes[&id]),
+                    EventKind::Access { .. } => {}
+                    EventKind::IterationBoundary => frees.push(Vec::new()),
+                }
+            }
+            for f in &mut frees {
+                f.sort_unstable();
+            }
+            (statics, allocs, frees)
+        };
+        for e in &c.entries {
+            let m = main
+                .entries
+                .iter()
+                .find(|m| m.workload == e.workload)
+                .unwrap();
+            assert_eq!((m.split, &m.family), (e.split, &e.family), "{}", e.workload);
+            assert!(c.figures(&e.workload, "pytorch-native").is_some());
+            let t = crate::io::load_trace(&e.path).unwrap();
+            t.validate().unwrap();
+            let tm = crate::io::load_trace(&m.path).unwrap();
+            let (a, b) = (program(&t), program(&tm));
+            if e.workload == "fasterrcnn_mnv3_b8" {
+                // Its proposals are data-dependent (non-deterministic kernels pick
+                // them): the same static blocks and number of allocations; 28,490 of
+                // the 31,825 allocations the same in place.
+                assert_eq!((&a.0, a.1.len()), (&b.0, b.1.len()));
+                let same = a.1.iter().zip(&b.1).filter(|(x, y)| x == y).count();
+                assert!(same * 10 >= a.1.len() * 8, "{same}");
+            } else {
+                assert!(a == b, "{}", e.workload);
+            }
+            // The longest stretch without an event, as a share of its iteration:
+            // median over the iterations.
+            let times: Vec<(u64, bool)> = t
+                .events
+                .iter()
+                .map(|e| (e.time_us, matches!(e.kind, EventKind::IterationBoundary)))
+                .collect();
+            let starts: Vec<usize> = (0..times.len()).filter(|&i| times[i].1).collect();
+            let mut shares: Vec<f64> = starts
+                .windows(2)
+                .map(|w| {
+                    let span = (times[w[1]].0 - times[w[0]].0).max(1) as f64;
+                    let gap = (w[0]..w[1])
+                        .map(|i| times[i + 1].0 - times[i].0)
+                        .max()
+                        .unwrap_or(0);
+                    gap as f64 / span
+                })
+                .collect();
+            shares.sort_by(f64::total_cmp);
+            let median = shares[shares.len() / 2];
+            assert!(median <= 0.15, "{}: {median:.2}", e.workload);
+        }
+    }
 }
