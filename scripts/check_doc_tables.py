@@ -42,6 +42,8 @@ CHECKS = [
     ("recompute", ["predictive_tables", "recompute"], "docs/predictive.md", "rows"),
     ("budget-validation", ["budget_split", "validation"], "docs/predictive.md", "rows"),
     ("budget-test", ["budget_split", "test"], "docs/predictive.md", "rows"),
+    ("timeline-shape", ["timeline_shape"], "docs/tiers.md", "rows"),
+    ("budget-spread-test", ["budget_split", "test", "60%", "spread"], "docs/tiers.md", "rows"),
     ("budget-launch-blocking", ["budget_split", "test", "60%",
                                 "manifest=training-data/corpus/launch-blocking/manifest.tsv"],
      "docs/tiers.md", "rows"),

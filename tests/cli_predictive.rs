@@ -134,6 +134,7 @@ fn options_that_cannot_apply_are_errors() {
         ),
         (vec!["replay", &t, "--no-prefetch"], "--no-prefetch"),
         (vec!["replay", &t, "--no-arena"], "--no-arena"),
+        (vec!["replay", &t, "--spread-waits"], "--spread-waits"),
         (
             vec!["replay", &t, "--watermarks", "0.9,0.8"],
             "--watermarks",

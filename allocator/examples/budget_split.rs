@@ -3,7 +3,7 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable] [steady] [manifest=PATH]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable] [steady] [spread] [manifest=PATH]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
 //! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
@@ -13,7 +13,8 @@
 //! `planned`: planned placement; `steady`: the stall over the compute of the iterations
 //! after the first, which no history describes and the oracle knows: the cells read
 //! `whole run / from the second iteration`, and the goals are counted both ways;
-//! `manifest=PATH`: another corpus manifest (default `training-data/corpus/manifest.tsv`):
+//! `spread`: compute time from each iteration's final wait spread over it
+//! (`TierReplayOptions::spread_waits`); `manifest=PATH`: another corpus manifest (default `training-data/corpus/manifest.tsv`):
 //! predictive with the LSTM at most half of reactive, and within 1.5x of the oracle's
 //! plan, naming the traces outside).
 
@@ -80,6 +81,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 budget,
                 arena: *arena,
                 predictive: *p,
+                spread_waits: flag("spread"),
                 ..Default::default()
             };
             opts.tier.plan_occupancy = occupancy;

@@ -118,6 +118,12 @@ pub struct ReplayArgs {
     /// one segment, so that pressure frees and re-creates none).
     #[arg(long)]
     pub no_arena: bool,
+    /// With --budget: take compute time from the GPU's timeline as modelled from the
+    /// trace: each iteration's final wait (where a host that ran ahead of the GPU
+    /// waited at a synchronization; `memcast trace stats` shows it) spread over the
+    /// iteration's events, instead of the event times as recorded.
+    #[arg(long)]
+    pub spread_waits: bool,
     /// With --budget: the spill watermarks, `HIGH,LOW` (shares of the budget; default
     /// 0.9,0.8): spilling starts when allocated bytes would pass HIGH and goes down to
     /// LOW.
@@ -218,6 +224,9 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
     }
     if args.no_arena && args.budget.is_none() {
         bail!("--no-arena applies to a replay under --budget only");
+    }
+    if args.spread_waits && args.budget.is_none() {
+        bail!("--spread-waits applies to a replay under --budget only");
     }
     if args.watermarks.is_some() && args.budget.is_none() {
         bail!("--watermarks applies to a replay under --budget only");

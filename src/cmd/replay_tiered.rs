@@ -63,6 +63,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
             },
             prefetch: !args.no_prefetch,
             arena: !args.no_arena,
+            spread_waits: args.spread_waits,
             check_every: args.check_every,
             alloc: alloc.clone(),
             plan: plan.clone(),

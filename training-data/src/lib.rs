@@ -10,6 +10,7 @@
 //! - [`stats`]: summary statistics (`memcast trace stats`).
 //! - [`synth`]: synthetic traces from computation graphs, with liveness analysis.
 //! - [`features`]: the step featurizer, one implementation used offline and online.
+//! - [`timeline`]: the GPU's timeline of a trace whose host ran ahead of it.
 
 #![forbid(unsafe_code)]
 
@@ -28,6 +29,7 @@ pub mod pickle;
 pub mod snapshot;
 pub mod stats;
 pub mod synth;
+pub mod timeline;
 
 pub use error::TraceError;
 pub use model::{

@@ -75,6 +75,11 @@ pub struct TierReplayOptions {
     /// replace the reactive prefetcher, and spills of the replay's own start only when
     /// an allocation would not fit otherwise.
     pub plan: Option<Plan>,
+    /// Compute time from the GPU's timeline as modelled by
+    /// [`memcast_trace::timeline::spread_final_waits`] (each iteration's final wait,
+    /// where a host that ran ahead of the GPU waited, spread over the iteration)
+    /// instead of the trace's event times.
+    pub spread_waits: bool,
 }
 
 impl Default for TierReplayOptions {
@@ -100,6 +105,7 @@ impl Default for TierReplayOptions {
             predictive: None,
             arena: true,
             plan: None,
+            spread_waits: false,
         }
     }
 }
@@ -122,6 +128,13 @@ pub fn replay_budgeted(
     trace: &Trace,
     opts: &TierReplayOptions,
 ) -> Result<TierReport, TierReplayError> {
+    let spread;
+    let trace = if opts.spread_waits {
+        spread = memcast_trace::timeline::spread_final_waits(trace);
+        &spread
+    } else {
+        trace
+    };
     let peak = memcast_trace::stats::TraceStats::compute(trace)?.peak_requested_bytes;
     let budget = opts.budget.bytes(peak);
     let mut cfg = opts.tier.clone();
@@ -498,6 +511,11 @@ fn run<B: DeviceBackend>(
         prefetcher,
         device: opts.device,
         access_model: model,
+        timeline: if opts.spread_waits {
+            "spread-final-waits"
+        } else {
+            "host"
+        },
         completed: error.is_none(),
         ooms: s.ooms,
         error,

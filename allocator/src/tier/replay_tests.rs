@@ -341,3 +341,39 @@ fn replay_table() {
         "replays that did not complete: {failed:#?}"
     );
 }
+
+/// `spread_waits` replays the GPU's timeline as modelled from a host that ran ahead:
+/// on GraphSAGE (the host waited for 85% of an iteration at its end) the compute that
+/// hides copies is no longer in one lump at the iteration's end, and the stall moves;
+/// the compute time and everything the trace allocates stay the same.
+#[test]
+fn spread_waits_replays_the_modelled_gpu_timeline() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../training-data/corpus/test/sage_dyngraph.mctrace");
+    let t = memcast_trace::io::load_trace(&path).unwrap();
+    let run = |spread_waits| {
+        replay_budgeted(
+            &t,
+            &TierReplayOptions {
+                budget: Budget::Fraction(0.6),
+                spread_waits,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let (host, spread) = (run(false), run(true));
+    assert!(host.completed && spread.completed);
+    assert_eq!(
+        (host.timeline, spread.timeline),
+        ("host", "spread-final-waits")
+    );
+    assert!((host.compute_us - spread.compute_us).abs() < 1.0);
+    assert_eq!(host.peak_requested_bytes, spread.peak_requested_bytes);
+    assert!(
+        (host.stall_us - spread.stall_us).abs() > 0.01 * host.stall_us,
+        "{} {}",
+        host.stall_us,
+        spread.stall_us
+    );
+}

@@ -18,6 +18,10 @@ pub struct TierReport {
     pub prefetcher: &'static str,
     pub device: Device,
     pub access_model: AccessModel,
+    /// Where compute time came from: `host` (the trace's event times) or
+    /// `spread-final-waits` (each iteration's final wait spread over it,
+    /// `memcast_trace::timeline`).
+    pub timeline: &'static str,
     pub completed: bool,
     pub ooms: u64,
     /// The error that stopped the replay (names the step and the bytes short).
