@@ -39,12 +39,21 @@ if args.only:
     if unknown:
         sys.exit(f"unknown workloads: {unknown}")
     names = want
-start = time.time()
-for name in names:
-    if time.time() - start > args.deadline_s:
-        print(f"deadline: {name} and after not timed", file=sys.stderr)
-        break
-    family, split, dynamic, desc, builder = W.RECIPES[name]
+
+
+def flat(x):
+    if torch.is_tensor(x):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from flat(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from flat(v)
+
+
+def time_one(builder, dynamic):
+    """Builds the workload, runs its warm-up and returns its timed iterations (s)."""
     random.seed(0)
     torch.manual_seed(0)
     rng = random.Random(0)
@@ -56,22 +65,12 @@ for name in names:
             with torch.cuda.stream(side):
                 batch = job.make_batch(rng)
             torch.cuda.current_stream().wait_stream(side)
-            for t in W_flat(batch):
+            for t in flat(batch):
                 t.record_stream(torch.cuda.current_stream())
         else:
             batch = job.make_batch(rng)
         job.step(batch)
         del batch
-
-    def W_flat(x):
-        if torch.is_tensor(x):
-            yield x
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                yield from W_flat(v)
-        elif isinstance(x, dict):
-            for v in x.values():
-                yield from W_flat(v)
 
     iteration()
     torch.cuda.synchronize()
@@ -81,9 +80,23 @@ for name in names:
         iteration()
         torch.cuda.synchronize()
         times.append(round(time.time() - t, 4))
-    print(json.dumps({"name": name, "split": split, "iteration_s": times,
-                      "launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") == "1",
-                      "device": torch.cuda.get_device_name()}), flush=True)
-    del job, side
+    return times
+
+
+start = time.time()
+for name in names:
+    if time.time() - start > args.deadline_s:
+        print(f"deadline: {name} and after not timed", file=sys.stderr)
+        break
+    family, split, dynamic, desc, builder = W.RECIPES[name]
+    try:
+        times = time_one(builder, dynamic)
+    except Exception as e:  # one workload's failure (out of memory) does not stop the rest
+        print(json.dumps({"name": name, "split": split, "error": f"{type(e).__name__}: {e}"}),
+              flush=True)
+    else:
+        print(json.dumps({"name": name, "split": split, "iteration_s": times,
+                          "launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") == "1",
+                          "device": torch.cuda.get_device_name()}), flush=True)
     gc.collect()
     torch.cuda.empty_cache()
