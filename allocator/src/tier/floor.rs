@@ -491,4 +491,39 @@ mod tests {
         // Within the budget: nothing.
         assert_eq!(iteration_floor(&traj, 4 * mb, slow_link()), 0.0);
     }
+
+    #[test]
+    fn a_piece_counts_only_its_own_uses() {
+        // X (4 MB) is live throughout and read at t = 990, just before the cut; the
+        // second peak (D, 2 MB, at t = 1000) needs 1 MB off, which X, not used in the
+        // second piece before its peak, may have left with long before: that piece
+        // costs nothing. Had the piece counted X's read at 990 (10 us before the
+        // peak: 80 us of copy, 70 late), it would read 40 (D's own copy). The first
+        // piece: 2.5 MB off at t = 1 out of X, A, C made at 0, 1, 1: whole, A (60 us)
+        // is the cheapest that completes it after C.
+        let mb = 1_000_000;
+        let half = mb / 2;
+        let traj = Trajectory {
+            ops: vec![
+                op(0, 4 * mb, OpUse::Alloc, 0.0),
+                op(1, 3 * mb, OpUse::Alloc, 1.0),
+                op(2, half, OpUse::Alloc, 1.0),
+                op(1, 3 * mb, OpUse::Access, 50.0),
+                op(1, 3 * mb, OpUse::Free, 50.0),
+                op(0, 4 * mb, OpUse::Access, 990.0),
+                op(2, half, OpUse::Access, 995.0),
+                op(2, half, OpUse::Free, 995.0),
+                op(3, 2 * mb, OpUse::Alloc, 1000.0),
+                op(3, 2 * mb, OpUse::Access, 2000.0),
+                op(3, 2 * mb, OpUse::Free, 2000.0),
+                op(0, 4 * mb, OpUse::Access, 2000.0),
+                op(0, 4 * mb, OpUse::Free, 2000.0),
+            ],
+            base: 0,
+            span_us: 2000.0,
+            ..Default::default()
+        };
+        let all = iteration_floor(&traj, 5 * mb, slow_link());
+        assert!((all - 60.0).abs() < 1e-9, "{all}");
+    }
 }
