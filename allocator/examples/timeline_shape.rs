@@ -17,7 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("| trace | as recorded | final waits spread |");
     println!("|---|---:|---:|");
     for e in &lb.entries {
-        let Some(m) = main.entries.iter().find(|m| m.workload == e.workload) else {
+        let Some(m) = main.entry(&e.workload) else {
             continue;
         };
         let gpu = memcast_trace::io::load_trace(&e.path)?;

@@ -116,6 +116,11 @@ impl Corpus {
         self.entries.iter().filter(move |e| e.split == split)
     }
 
+    /// The entry of `workload`, if the manifest lists it.
+    pub fn entry(&self, workload: &str) -> Option<&Entry> {
+        self.entries.iter().find(|e| e.workload == workload)
+    }
+
     /// PyTorch's figures for `workload` with `allocator` (`pytorch-native` or
     /// `pytorch-expandable-segments`).
     pub fn figures(&self, workload: &str, allocator: &str) -> Option<&PytorchFigures> {
@@ -277,11 +282,7 @@ mod tests {
         let c = Corpus::load(&dir.join("from-start/manifest.tsv")).unwrap();
         assert_eq!(c.entries.len(), 50);
         for e in &c.entries {
-            let m = main
-                .entries
-                .iter()
-                .find(|m| m.workload == e.workload)
-                .unwrap();
+            let m = main.entry(&e.workload).unwrap();
             assert_eq!((m.split, &m.family), (e.split, &e.family), "{}", e.workload);
             for a in ["pytorch-native", "pytorch-expandable-segments"] {
                 assert!(c.figures(&e.workload, a).is_some(), "{} {a}", e.workload);
@@ -348,11 +349,7 @@ mod tests {
             (statics, allocs, frees)
         };
         for e in &c.entries {
-            let m = main
-                .entries
-                .iter()
-                .find(|m| m.workload == e.workload)
-                .unwrap();
+            let m = main.entry(&e.workload).unwrap();
             assert_eq!((m.split, &m.family), (e.split, &e.family), "{}", e.workload);
             assert!(c.figures(&e.workload, "pytorch-native").is_some());
             let t = crate::io::load_trace(&e.path).unwrap();

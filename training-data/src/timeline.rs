@@ -142,11 +142,7 @@ mod tests {
         let lb = Corpus::load(&dir.join("launch-blocking/manifest.tsv")).unwrap();
         let (mut closer, mut further) = (0, 0);
         for e in &lb.entries {
-            let m = main
-                .entries
-                .iter()
-                .find(|m| m.workload == e.workload)
-                .unwrap();
+            let m = main.entry(&e.workload).unwrap();
             let gpu = crate::io::load_trace(&e.path).unwrap();
             let host = crate::io::load_trace(&m.path).unwrap();
             let before = shape_distance(&host, &gpu).unwrap();
