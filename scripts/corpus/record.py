@@ -106,27 +106,7 @@ side = torch.cuda.Stream() if (job.side_stream and not args.dry_run) else None
 
 
 def iteration():
-    if side is not None:
-        with torch.cuda.stream(side):
-            batch = job.make_batch(rng)
-        torch.cuda.current_stream().wait_stream(side)
-        for t in flat_tensors(batch):
-            t.record_stream(torch.cuda.current_stream())
-    else:
-        batch = job.make_batch(rng)
-    job.step(batch)
-    del batch
-
-
-def flat_tensors(x):
-    if torch.is_tensor(x):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            yield from flat_tensors(v)
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from flat_tensors(v)
+    W.run_iteration(job, side, rng)
 
 
 def marker():

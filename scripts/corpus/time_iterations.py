@@ -41,17 +41,6 @@ if args.only:
     names = want
 
 
-def flat(x):
-    if torch.is_tensor(x):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            yield from flat(v)
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from flat(v)
-
-
 def time_one(builder, dynamic):
     """Builds the workload, runs its warm-up and returns its timed iterations (s)."""
     random.seed(0)
@@ -60,24 +49,12 @@ def time_one(builder, dynamic):
     job = builder()
     side = torch.cuda.Stream() if job.side_stream else None
 
-    def iteration():
-        if side is not None:
-            with torch.cuda.stream(side):
-                batch = job.make_batch(rng)
-            torch.cuda.current_stream().wait_stream(side)
-            for t in flat(batch):
-                t.record_stream(torch.cuda.current_stream())
-        else:
-            batch = job.make_batch(rng)
-        job.step(batch)
-        del batch
-
-    iteration()
+    W.run_iteration(job, side, rng)
     torch.cuda.synchronize()
     times = []
     for _ in range(12 if dynamic else 8):
         t = time.time()
-        iteration()
+        W.run_iteration(job, side, rng)
         torch.cuda.synchronize()
         times.append(round(time.time() - t, 4))
     return times

@@ -43,6 +43,33 @@ class Job:
     side_stream: bool = False
 
 
+def run_iteration(job, side, rng):
+    """One iteration of `job`: its batch made on the side stream `side` if given (and
+    handed to the compute stream with `record_stream`, as an input prefetcher does),
+    else on the compute stream; then its step."""
+    if side is not None:
+        with torch.cuda.stream(side):
+            batch = job.make_batch(rng)
+        torch.cuda.current_stream().wait_stream(side)
+        for t in flat_tensors(batch):
+            t.record_stream(torch.cuda.current_stream())
+    else:
+        batch = job.make_batch(rng)
+    job.step(batch)
+    del batch
+
+
+def flat_tensors(x):
+    if torch.is_tensor(x):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from flat_tensors(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from flat_tensors(v)
+
+
 def bs(n):
     return min(n, 2) if DRY else n
 
