@@ -58,9 +58,8 @@ pub struct TierReport {
     /// tensors needs to get the bytes above the budget at the iteration's peaks off
     /// the device before them and back after them, each tensor no earlier than its
     /// last use and no later than its next (see `tier::floor::iteration_floor`),
-    /// summed; and as a share
-    /// of compute. A lower bound (`link_floor_us` is an estimate: it assumes every byte above
-    /// the budget moves every iteration).
+    /// summed; and as a share of compute. A lower bound (`link_floor_us` is an
+    /// estimate: it assumes every byte above the budget moves every iteration).
     pub peak_floor_us: f64,
     pub peak_floor_overhead: f64,
     pub spills: u64,
