@@ -368,22 +368,9 @@ mod tests {
             }
             // The longest stretch without an event, as a share of its iteration:
             // median over the iterations.
-            let times: Vec<(u64, bool)> = t
-                .events
-                .iter()
-                .map(|e| (e.time_us, matches!(e.kind, EventKind::IterationBoundary)))
-                .collect();
-            let starts: Vec<usize> = (0..times.len()).filter(|&i| times[i].1).collect();
-            let mut shares: Vec<f64> = starts
-                .windows(2)
-                .map(|w| {
-                    let span = (times[w[1]].0 - times[w[0]].0).max(1) as f64;
-                    let gap = (w[0]..w[1])
-                        .map(|i| times[i + 1].0 - times[i].0)
-                        .max()
-                        .unwrap_or(0);
-                    gap as f64 / span
-                })
+            let mut shares: Vec<f64> = crate::stats::iteration_waits(&t)
+                .into_iter()
+                .map(|(span, wait)| wait as f64 / span.max(1) as f64)
                 .collect();
             shares.sort_by(f64::total_cmp);
             let median = shares[shares.len() / 2];

@@ -176,12 +176,10 @@ impl TraceStats {
     }
 }
 
-/// The medians over the iterations of a trace of their span and of the longest
-/// stretch between two events within them (boundaries included), us; `(0, 0)` with
-/// fewer than two boundaries. O(events).
-fn iteration_times(t: &Trace) -> (u64, u64) {
-    let mut spans = Vec::new();
-    let mut waits = Vec::new();
+/// Each iteration of a trace (between consecutive boundaries): its span and the
+/// longest stretch between two events within it (boundaries included), us. O(events).
+pub fn iteration_waits(t: &Trace) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
     let (mut start, mut prev, mut wait) = (None::<u64>, 0u64, 0u64);
     for e in &t.events {
         if start.is_some() {
@@ -190,13 +188,20 @@ fn iteration_times(t: &Trace) -> (u64, u64) {
         prev = e.time_us;
         if matches!(e.kind, EventKind::IterationBoundary) {
             if let Some(s) = start {
-                spans.push(e.time_us.saturating_sub(s));
-                waits.push(wait);
+                out.push((e.time_us.saturating_sub(s), wait));
             }
             start = Some(e.time_us);
             wait = 0;
         }
     }
+    out
+}
+
+/// The medians over the iterations of a trace of their span and of their longest
+/// stretch without an event ([`iteration_waits`]), us; `(0, 0)` with fewer than two
+/// boundaries.
+fn iteration_times(t: &Trace) -> (u64, u64) {
+    let (spans, waits): (Vec<u64>, Vec<u64>) = iteration_waits(t).into_iter().unzip();
     let median = |mut v: Vec<u64>| {
         v.sort_unstable();
         v.get(v.len() / 2).copied().unwrap_or(0)
