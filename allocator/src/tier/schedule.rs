@@ -30,6 +30,16 @@
 //! timed alone: queued behind others on the link it ends later, which the plan does
 //! not model; what it does not cover is left to the reactive machinery (see [`super::floor::peak_floor`] for what no policy avoids).
 //!
+//! Only gaps of at least `latency x bandwidth` bytes are candidates (`LinkModel`'s
+//! fixed cost per copy and its slower direction: ~100 KB at the sim's 2 us and ~51
+//! GB/s each way), the size below which a copy spends longer in its fixed cost than in
+//! moving bytes. The longest windows are those of the smallest tensors (a norm's
+//! weight, a bias: their copies take the fixed cost alone), so without that bound the
+//! cover took them first, by the thousand, for a few MB: on the corpus's validation
+//! split 41,881 prefetches an LSTM-driven replay at 60% against 14,396 with it, for
+//! the same bytes (docs/predictive.md, "Small tensors stay; wrapped ones come back when
+//! the link is idle").
+//!
 //! Link occupancy ([`LinkModel::occupancy`], `TierConfig::plan_occupancy`; off by
 //! default): the link has one direction for spills and one for prefetches (as the sim
 //! and the transfer streams have them), each a timeline of the copies the plan has
@@ -264,7 +274,12 @@ pub fn plan(traj: &Trajectory, cap: u64, link: LinkModel) -> Plan {
         .collect();
     // Candidates: gaps with a window, by its length in time, longest first.
     let len_t = |w: (usize, usize)| time(w.1) - time(w.0);
-    let mut hidden: Vec<usize> = (0..gaps.len()).filter(|&i| own[i].is_some()).collect();
+    // A gap whose copies spend longer in the link's fixed cost than in moving its
+    // bytes is not worth them (see the module docs).
+    let min_bytes = link.latency_us * link.out_bytes_per_us.min(link.in_bytes_per_us);
+    let mut hidden: Vec<usize> = (0..gaps.len())
+        .filter(|&i| own[i].is_some() && gaps[i].bytes as f64 >= min_bytes)
+        .collect();
     hidden.sort_by(|&x, &y| {
         len_t(own[y].unwrap())
             .total_cmp(&len_t(own[x].unwrap()))

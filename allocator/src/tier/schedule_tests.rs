@@ -261,3 +261,40 @@ fn a_window_that_ends_where_it_starts_plans_no_round_trip() {
     assert!(p.moves.is_empty(), "{p:?}");
     assert_eq!(p.residual_excess, 5);
 }
+
+#[test]
+fn tensors_smaller_than_a_copys_fixed_cost_stay() {
+    // Twenty 1 kB tensors made first and read last (the longest windows of the
+    // iteration) beside a forward and backward of four 100 kB activations; 110 kB
+    // must leave at the peak. At 0.5 us a copy and 100 kB/us, a copy of 1 kB spends
+    // 0.5 us in fixed cost and 0.01 us moving bytes (the bound is 50 kB): the
+    // activations cover the excess, and no small tensor moves.
+    let link = LinkModel {
+        out_bytes_per_us: 100_000.0,
+        in_bytes_per_us: 100_000.0,
+        latency_us: 0.5,
+        occupancy: false,
+    };
+    let small = |i: u32| TensorKey::Ordinal(100 + i);
+    let mut t = fwd_bwd(4, 100_000);
+    let mut ops: Vec<LoggedOp> = (0..20)
+        .map(|i| op(small(i), 1_000, OpUse::Alloc, 1.0))
+        .collect();
+    ops.append(&mut t.ops);
+    ops.extend((0..20).map(|i| op(small(i), 1_000, OpUse::Access, 130.0)));
+    t.ops = ops;
+    t.span_us = 130.0;
+    let cap = 420_000 - 110_000;
+    let p = plan(&t, cap, link);
+    assert_eq!(p.residual_excess, 0, "{p:?}");
+    assert!(resident(&t, &p).iter().all(|&l| l <= cap), "{p:?}");
+    assert!(p.moves.iter().all(|m| m.bytes == 100_000), "{:?}", p.moves);
+    // Without a fixed cost every gap is a candidate, and the small ones, whose
+    // windows are longest, are taken first.
+    let free_copies = LinkModel {
+        latency_us: 0.0,
+        ..link
+    };
+    let p = plan(&t, cap, free_copies);
+    assert!(p.moves.iter().any(|m| m.bytes == 1_000), "{:?}", p.moves);
+}
