@@ -111,9 +111,10 @@ pub struct TierConfig {
     /// corpus's validation split (docs/predictive.md).
     pub plan_occupancy: bool,
     /// Iteration plans bring a tensor whose gap wraps (last used in this iteration,
-    /// next in the next one: weights read in the forward only) back from the next
-    /// iteration's start instead of by this one's end, when the link in is busy with
-    /// the backward's tensors ([`planned`]); on by default (docs/predictive.md).
+    /// next in the next one: weights read in the forward only) back once the link in
+    /// is idle after its planned point (the backward's tensors are back), at the latest
+    /// from the next iteration's start, instead of at that point ([`planned`]); on by
+    /// default (docs/predictive.md).
     pub plan_defer_wraps: bool,
     /// Iterations of an input shape run without a plan while the last planned one of
     /// that shape stalled more per byte above the budget than the last one without
