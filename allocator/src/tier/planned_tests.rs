@@ -105,8 +105,9 @@ struct Seen {
 
 /// Runs six iterations of [`ops_of`] (`halves` passes each, a weight of `w_bytes`)
 /// with the oracle's plan; returns where the weight was in each (every iteration has
-/// a plan). The weight's bytes are checked at every read.
-fn weight_in_iterations(defer: bool, halves: u32, w_bytes: u64) -> Vec<Seen> {
+/// a plan), and the plan's spills and prefetches. The weight's bytes are checked at
+/// every read.
+fn weight_in_iterations(defer: bool, halves: u32, w_bytes: u64) -> (Vec<Seen>, (u64, u64)) {
     let (mut m, _) = manager(3);
     let mut p = Planner::new(0.8, None);
     p.defer_wraps = defer;
@@ -132,7 +133,7 @@ fn weight_in_iterations(defer: bool, halves: u32, w_bytes: u64) -> Vec<Seen> {
     }
     let s = &m.planner().unwrap().stats;
     assert!(s.spills >= 6 && s.prefetches >= 5, "{s:?}");
-    at
+    (at, (s.spills, s.prefetches))
 }
 
 /// The tensor is off the device (on the host, or its copy out in flight).
@@ -155,14 +156,14 @@ fn back(p: &Place) -> bool {
 /// at every boundary.)
 #[test]
 fn a_wrapped_move_comes_back_once_the_link_in_is_idle() {
-    let seen = weight_in_iterations(true, 1, 256 * KIB);
+    let (seen, _) = weight_in_iterations(true, 1, 256 * KIB);
     for s in &seen {
         assert!(off(&s.peaks[0]), "deferred: at the peak {:?}", s.peaks[0]);
         assert!(back(&s.after), "deferred: after the boundary {:?}", s.after);
     }
     let early = seen.iter().filter(|s| back(&s.before)).count();
     assert!(early > 0, "never back before a boundary");
-    for s in weight_in_iterations(false, 1, 256 * KIB) {
+    for s in weight_in_iterations(false, 1, 256 * KIB).0 {
         assert!(
             back(&s.before),
             "not deferred: before the boundary {:?}",
@@ -174,15 +175,18 @@ fn a_wrapped_move_comes_back_once_the_link_in_is_idle() {
 /// The weight is read again between two peaks, so it has two moves: one within the
 /// iteration and the wrapped one. Reaching the first one's prefetch point must not
 /// keep the second one's spill from being hidden and deferred: the weight stays off
-/// through the second peak and is back by the next iteration's start. (With the
-/// rule kept per tensor instead of per move, the spill was not hidden: the window
-/// prefetcher brought the weight back during the second peak.)
+/// through the second peak, the plan brings it back (not the window prefetcher), and
+/// it is back by the next iteration's start. (With the rule kept per tensor instead
+/// of per move, the spill was not hidden: the window prefetcher brought the weight
+/// back, and the plan made 6 of its 12 prefetches.)
 #[test]
 fn a_wrapped_move_after_another_move_of_the_same_tensor_is_deferred_too() {
-    for s in weight_in_iterations(true, 2, 512 * KIB) {
+    let (seen, (spills, prefetches)) = weight_in_iterations(true, 2, 512 * KIB);
+    for s in &seen {
         assert!(off(&s.peaks[1]), "at the second peak {:?}", s.peaks[1]);
         assert!(back(&s.after), "after the boundary {:?}", s.after);
     }
+    assert_eq!(prefetches, spills, "the plan's prefetches");
 }
 
 /// The guard: a shape whose planned iteration stalled more per byte above the budget
