@@ -35,10 +35,10 @@
 //! GB/s each way), the size below which a copy spends longer in its fixed cost than in
 //! moving bytes. The longest windows are those of the smallest tensors (a norm's
 //! weight, a bias: their copies take the fixed cost alone), so without that bound the
-//! cover took them first, by the thousand, for a few MB: on the corpus's validation
-//! split 41,881 prefetches an LSTM-driven replay at 60% against 14,396 with it, for
-//! the same bytes (docs/predictive.md, "Small tensors stay; wrapped ones come back when
-//! the link is idle").
+//! cover took them first, by the thousand, for a few MB: the LSTM-driven replays of
+//! the corpus's validation split at 60% made 41,881 prefetches without the bound and
+//! 14,396 with it, for the same bytes (docs/predictive.md, "Small tensors stay;
+//! wrapped ones come back when the link is idle").
 //!
 //! Link occupancy ([`LinkModel::occupancy`], `TierConfig::plan_occupancy`; off by
 //! default): the link has one direction for spills and one for prefetches (as the sim
