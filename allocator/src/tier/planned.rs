@@ -530,8 +530,9 @@ impl<B: DeviceBackend> TierManager<B> {
         // Deferred wrapped moves are due as soon as the link in is idle with nothing of
         // the plan left to bring back before them: every other move's prefetch point
         // reached, nothing due, no copy in (in the optimizer's step, if the backward's
-        // copies are done by then), else from the next iteration's start. O(1) while a
-        // condition fails; once all hold, a scan of the wrapped moves not due yet.
+        // copies are done by then), else from the next iteration's start. Cost: O(1)
+        // while a condition fails; at each operation at which all hold, a scan of the
+        // wrapped moves not due yet.
         if !p.wrapped.is_empty()
             && p.due.is_empty()
             && p.next_prefetch == p.by_prefetch.len()
