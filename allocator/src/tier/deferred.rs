@@ -1,7 +1,8 @@
 //! A host backend whose asynchronous copies run late, for the tier tests: it queues
 //! copies per stream and runs them only when an event recorded after them is
-//! synchronized (or, at random, queried), and it panics if memory is freed, unmapped,
-//! read or written while a queued copy still touches it.
+//! synchronized (or, at random, queried; `hold_on_query` makes it
+//! deterministic), and it panics if memory is freed, unmapped, read or written while
+//! a queued copy still touches it.
 
 use crate::backend::host::HostBackend;
 use crate::backend::{
@@ -25,6 +26,11 @@ pub(crate) struct Deferred {
     rng: u64,
     /// Host buffers allocated and not yet freed.
     pub(crate) host_buffers: u64,
+    /// `None`: a query runs the copies before its event at random. `Some(s)`: a query
+    /// never runs stream `s`'s copies (they run only when something synchronizes, so
+    /// a copy there stays in flight until it is waited for) and always runs the other
+    /// streams' copies.
+    pub(crate) hold_on_query: Option<StreamId>,
 }
 
 fn addr(m: MemRef) -> u64 {
@@ -42,6 +48,7 @@ impl Deferred {
             events: Default::default(),
             rng: seed | 1,
             host_buffers: 0,
+            hold_on_query: None,
         }
     }
     fn coin(&mut self) -> bool {
@@ -142,7 +149,11 @@ impl DeferredView<'_> {
         if self.0.queues[s as usize].1 >= upto {
             return Ok(true);
         }
-        if self.0.coin() {
+        let run = match self.0.hold_on_query {
+            Some(held) => s != held,
+            None => self.0.coin(),
+        };
+        if run {
             self.0.run(s, upto)?;
             return Ok(true);
         }

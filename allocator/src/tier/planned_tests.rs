@@ -374,3 +374,87 @@ fn a_planned_spill_still_waiting_at_the_boundary_is_dropped() {
         );
     }
 }
+
+/// The link-idle condition of a deferred wrapped move: its copy in is not issued
+/// while another tensor's copy in is in flight. Copies here run only when waited for
+/// (`hold_on_query`: copies out run at once, copies in when waited for), the plan's cap leaves room for a few activations only
+/// (so the plan moves activations besides the weight), and the trajectory's
+/// operations are `us` apart: at 0.5 us the weight's copy takes many operations, so
+/// its planned point falls within the backward while the activations come back.
+/// Returns, over six iterations, the times the weight's copy in was first seen in
+/// flight together with an activation's copy issued before it, and how many times
+/// the weight was back before a boundary.
+fn weight_copy_beside_activations(us: f64) -> (u32, u32) {
+    let (mut m, _) = manager(3);
+    let (_, in_stream) = m.pipe.streams();
+    m.backend_mut().inner.hold_on_query = Some(in_stream);
+    m.set_planner(Planner::new(0.5, None));
+    let w_bytes = 256 * KIB;
+    let (w, w_data) = weight(&mut m, w_bytes);
+    let mut traj = logged(&ops_of(w, w_bytes, 1), w_bytes);
+    for op in &mut traj.ops {
+        op.t *= us / 10.0;
+    }
+    traj.span_us *= us / 10.0;
+    m.set_next_trajectory(traj.clone());
+    m.iteration_boundary().unwrap();
+    let (mut overlaps, mut early) = (0, 0);
+    let in_flight = |p: &Place| matches!(p, Place::PrefetchingIn { .. });
+    for it in 0..6u64 {
+        let mut before: Vec<TensorHandle> = Vec::new();
+        let mut w_was_in = in_flight(&m.place(w).unwrap());
+        // After each step: the activations whose copy in is in flight, and whether the
+        // weight's copy in was first seen in flight beside one seen before it.
+        let mut look = |m: &TierManager<TestBackend>, live: &[(TensorHandle, Vec<u8>)]| {
+            let now: Vec<TensorHandle> = live
+                .iter()
+                .map(|(h, _)| *h)
+                .filter(|&h| in_flight(&m.place(h).unwrap()))
+                .collect();
+            let w_in = in_flight(&m.place(w).unwrap());
+            if w_in && !w_was_in && now.iter().any(|h| before.contains(h)) {
+                overlaps += 1;
+            }
+            w_was_in = w_in;
+            before = now;
+        };
+        assert_eq!(read(&mut m, w).unwrap(), w_data, "iteration {it}");
+        m.end_step();
+        let mut live = Vec::new();
+        for i in 0..ACTS {
+            let h = m.register(128 * KIB, TensorOpts::default()).unwrap();
+            let data = pattern(it * 100 + u64::from(i), 128 * KIB);
+            write(&mut m, h, &data).unwrap();
+            m.end_step();
+            live.push((h, data));
+            look(&m, &live);
+        }
+        while let Some((h, data)) = live.pop() {
+            assert_eq!(read(&mut m, h).unwrap(), data, "iteration {it}");
+            m.end_step();
+            look(&m, &live);
+            m.free(h).unwrap();
+            look(&m, &live);
+        }
+        m.check_invariants().unwrap();
+        early += u32::from(back(&m.place(w).unwrap()));
+        m.set_next_trajectory(traj.clone());
+        m.iteration_boundary().unwrap();
+    }
+    let s = &m.planner().unwrap().stats;
+    assert!(
+        s.spills > 6 && s.prefetches > 6,
+        "the plan moves activations too: {s:?}"
+    );
+    (overlaps, early)
+}
+
+/// Deferred, the weight's copy in is issued only once the activations' copies in
+/// ahead of it have landed, and it is still back before every boundary. (Without the
+/// link-idle condition it was issued beside one in every iteration: 6 of 6.)
+#[test]
+fn a_wrapped_move_waits_for_the_copies_in_ahead_of_it() {
+    let (overlaps, early) = weight_copy_beside_activations(0.5);
+    assert_eq!(overlaps, 0, "issued beside an activation's copy in");
+    assert_eq!(early, 6, "back before the boundary");
+}
