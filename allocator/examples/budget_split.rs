@@ -3,7 +3,7 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable] [steady] [spread] [manifest=PATH]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable] [steady] [spread] [manifest=PATH] [solo=PATH]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
 //! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
@@ -14,7 +14,11 @@
 //! after the first, which no history describes and the oracle knows: the cells read
 //! `whole run / from the second iteration`, and the goals are counted both ways;
 //! `spread`: compute time from each iteration's final wait spread over it
-//! (`TierReplayOptions::spread_waits`); `manifest=PATH`: another corpus manifest (default `training-data/corpus/manifest.tsv`):
+//! (`TierReplayOptions::spread_waits`); `manifest=PATH`: another corpus manifest (default `training-data/corpus/manifest.tsv`);
+//! `solo=PATH`: each trace's iterations scaled to the wall times measured with nothing
+//! recorded (`memcast_trace::timeline::scale_iterations`; the JSON lines of
+//! `scripts/corpus/time_iterations.py`, one per workload: `name`, `iteration_s`), for
+//! the launch-blocking recordings; a trace without a line is an error. Under the table:
 //! predictive with the LSTM at most half of reactive, and within 1.5x of the oracle's
 //! plan, naming the traces outside).
 
@@ -39,6 +43,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .find_map(|a| a.strip_prefix("manifest=").map(String::from))
         .unwrap_or_else(|| "training-data/corpus/manifest.tsv".into());
     let corpus = Corpus::load(std::path::Path::new(&manifest))?;
+    let solo = match std::env::args()
+        .skip(3)
+        .find_map(|a| a.strip_prefix("solo=").map(String::from))
+    {
+        Some(path) => Some(solo_times(&path)?),
+        None => None,
+    };
     let plan = Actions {
         plan: true,
         ..Actions::none()
@@ -72,7 +83,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut names = Vec::new();
     let mut n = 0;
     for e in corpus.split(split) {
-        let t = memcast_trace::io::load_trace(&e.path)?;
+        let mut t = memcast_trace::io::load_trace(&e.path)?;
+        if let Some(solo) = &solo {
+            let spans = solo
+                .get(&e.workload)
+                .ok_or_else(|| format!("{}: no solo timing", e.workload))?;
+            t = memcast_trace::timeline::scale_iterations(&t, spans)
+                .map_err(|err| format!("{}: {err}", e.workload))?;
+        }
         let mut cells = Vec::new();
         let mut floor = 0.0;
         let mut figures = Vec::new();
@@ -177,6 +195,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+/// The iteration wall times (us) of each workload in a `time_iterations.py` output.
+fn solo_times(
+    path: &str,
+) -> Result<std::collections::HashMap<String, Vec<u64>>, Box<dyn std::error::Error>> {
+    let mut out = std::collections::HashMap::new();
+    for (i, line) in std::fs::read_to_string(path)?.lines().enumerate() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("{path}:{}: {e}", i + 1))?;
+        let (Some(name), Some(times)) = (v["name"].as_str(), v["iteration_s"].as_array()) else {
+            // A workload that failed (its line has `error`): no timing.
+            continue;
+        };
+        let us = times
+            .iter()
+            .map(|x| x.as_f64().map(|s| (s * 1e6).round() as u64))
+            .collect::<Option<Vec<u64>>>()
+            .ok_or_else(|| format!("{path}:{}: iteration_s holds a non-number", i + 1))?;
+        out.insert(name.to_string(), us);
+    }
+    Ok(out)
 }
 
 /// Per trace, (whole run, from the second iteration) stall overheads of reactive,

@@ -21,8 +21,68 @@
 //! boundary is unchanged. Waits inside an iteration (a data-dependent `.item()`) stay.
 //! Measured against the same programs recorded with `CUDA_LAUNCH_BLOCKING=1` (event
 //! times that follow the GPU) in docs/tiers.md, "The compute timeline".
+//!
+//! [`scale_iterations`] takes such a recording to the job's own pace: a launch-blocking
+//! recording follows the GPU's work, but each kernel waits for the one before it is
+//! launched, so its iterations run longer than the job's. Given each iteration's wall
+//! time measured with nothing recorded, iteration `k`, `[a, b]`, is scaled to its
+//! measured length `d_k` and placed after the ones before it:
+//!
+//! `t' = a' + (t - a) * d_k / (b - a)`, `a'_(k+1) = a'_k + d_k`
+//!
+//! (rounded down; order kept). The share of the iteration each event sits at is kept:
+//! the launch-blocking stretch is taken to fall evenly over the iteration.
 
 use crate::model::{EventKind, Trace};
+use crate::TraceError;
+
+/// `trace` with iteration `k` (the span between its `k`-th and `k+1`-th boundaries)
+/// scaled to `spans_us[k]` microseconds (module docs). Events before the first
+/// boundary are unchanged, those after the last shift with it. An error when the trace
+/// has not `spans_us.len()` iterations, or a span is 0. O(events).
+pub fn scale_iterations(trace: &Trace, spans_us: &[u64]) -> Result<Trace, TraceError> {
+    let bounds: Vec<usize> = (0..trace.events.len())
+        .filter(|&i| matches!(trace.events[i].kind, EventKind::IterationBoundary))
+        .collect();
+    let n = bounds.len().saturating_sub(1);
+    if n != spans_us.len() {
+        return Err(TraceError::Param(format!(
+            "the trace has {n} iterations, {} lengths were given",
+            spans_us.len()
+        )));
+    }
+    if let Some(k) = spans_us.iter().position(|&d| d == 0) {
+        return Err(TraceError::Param(format!(
+            "iteration {k}: a length of 0 us"
+        )));
+    }
+    let mut out = trace.clone();
+    // `a2`: where the current iteration starts on the new timeline.
+    let Some(&first) = bounds.first() else {
+        return Ok(out);
+    };
+    let mut a2 = trace.events[first].time_us;
+    for (k, w) in bounds.windows(2).enumerate() {
+        let (i, j) = (w[0], w[1]);
+        let a = trace.events[i].time_us;
+        let span = trace.events[j].time_us.saturating_sub(a).max(1) as u128;
+        let d = spans_us[k];
+        for idx in i + 1..j {
+            let t = trace.events[idx].time_us.saturating_sub(a) as u128;
+            out.events[idx].time_us = a2 + (t * d as u128 / span) as u64;
+        }
+        a2 += d;
+        out.events[j].time_us = a2;
+    }
+    // After the last boundary: shifted with it.
+    let last = *bounds.last().unwrap_or(&first);
+    let (old, new) = (trace.events[last].time_us, a2);
+    for idx in last + 1..trace.events.len() {
+        let t = trace.events[idx].time_us.saturating_sub(old);
+        out.events[idx].time_us = new + t;
+    }
+    Ok(out)
+}
 
 /// `trace` with each iteration's final wait spread over its events (module docs).
 /// O(events).
@@ -128,6 +188,45 @@ mod tests {
             .all(|(x, y)| x.kind == y.kind));
         assert_eq!(spread_final_waits(&s), s);
         s.validate().unwrap();
+    }
+
+    #[test]
+    fn iterations_are_scaled_to_the_lengths_given() {
+        let alloc = |id| EventKind::Alloc {
+            id,
+            bytes: 8,
+            stream: 0,
+        };
+        let b = EventKind::IterationBoundary;
+        let t = Trace {
+            events: vec![
+                ev(5, alloc(1)), // before the first boundary: unchanged
+                ev(10, b),
+                ev(20, alloc(2)),
+                ev(60, EventKind::Free { id: 2 }),
+                ev(110, b), // [10, 110] to 50: x0.5
+                ev(130, alloc(3)),
+                ev(210, b),                         // [110, 210] to 300: x3
+                ev(215, EventKind::Free { id: 3 }), // after the last: shifted with it
+                ev(220, EventKind::Free { id: 1 }),
+            ],
+            ..Default::default()
+        };
+        let s = scale_iterations(&t, &[50, 300]).unwrap();
+        let times: Vec<u64> = s.events.iter().map(|e| e.time_us).collect();
+        assert_eq!(times, [5, 10, 15, 35, 60, 120, 360, 365, 370]);
+        assert!(s
+            .events
+            .iter()
+            .zip(&t.events)
+            .all(|(x, y)| x.kind == y.kind));
+        s.validate().unwrap();
+        // The lengths it measured give the trace back.
+        assert_eq!(scale_iterations(&t, &[100, 100]).unwrap(), t);
+        let e = scale_iterations(&t, &[50]).unwrap_err().to_string();
+        assert!(e.contains("2 iterations, 1 lengths"), "{e}");
+        let e = scale_iterations(&t, &[50, 0]).unwrap_err().to_string();
+        assert!(e.contains("iteration 1: a length of 0"), "{e}");
     }
 
     /// Against the test split recorded with launch blocking (event times that follow
