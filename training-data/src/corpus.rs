@@ -304,19 +304,37 @@ mod tests {
     }
 
     /// The test split recorded with `CUDA_LAUNCH_BLOCKING=1`, each workload alone on
-    /// the GPU (`record.py --launch-blocking`): the same programs as the corpus's
-    /// traces, allocation for allocation (the order of the static blocks, read from
-    /// the final layout, and of frees that complete together may differ; Faster
-    /// R-CNN's data-dependent proposals differ), with event times that follow the
-    /// GPU's work: no iteration has one long wait at its end.
+    /// the GPU (`record.py --launch-blocking`), on the H200 (`launch-blocking/`) and
+    /// with the validation split on an H100 (`launch-blocking-h100/`): the same
+    /// programs as the corpus's traces, allocation for allocation (the order of the
+    /// static blocks, read from the final layout, and of frees that complete together
+    /// may differ; Faster R-CNN's data-dependent proposals differ; on the H100 five
+    /// have other workspaces), with event times that follow the GPU's work: no
+    /// iteration has one long wait at its end.
     #[test]
     fn repository_launch_blocking_corpus_holds_the_same_programs() {
-        use crate::{EventKind, Trace};
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
         let main = Corpus::load(&dir.join("manifest.tsv")).unwrap();
         let c = Corpus::load(&dir.join("launch-blocking/manifest.tsv")).unwrap();
         assert_eq!(c.split(Split::Test).count(), 26);
         assert_eq!(c.entries.len(), 26);
+        assert_eq!(same_programs(&main, &c, true), 0);
+        // On the H100, 5 of the 33 differ: cuDNN and cuBLAS chose other kernels for
+        // the two UNets, Conformer, RetinaNet and the multiscale ConvNeXt (another
+        // workspace size, a workspace where the H200 had none).
+        let c = Corpus::load(&dir.join("launch-blocking-h100/manifest.tsv")).unwrap();
+        assert_eq!(c.split(Split::Test).count(), 26);
+        assert_eq!(c.split(Split::Validation).count(), 7);
+        assert_eq!(c.entries.len(), 33);
+        assert!(same_programs(&main, &c, false) <= 5);
+    }
+
+    /// Every trace of `c` is the program of the trace of the same workload in `main`
+    /// (see above), with no long wait at its iterations' ends; off the H200 (where
+    /// `main` was recorded), how many have other allocations.
+    fn same_programs(main: &Corpus, c: &Corpus, on_h200: bool) -> usize {
+        let mut differ = 0;
+        use crate::{EventKind, Trace};
         // The static blocks' sizes, sorted; the allocations in order (bytes, stream);
         // per iteration, the sizes of the tensors freed, sorted (frees that complete
         // together may complete in another order: PyTorch frees a block used on a
@@ -363,8 +381,17 @@ mod tests {
                 assert_eq!((&a.0, a.1.len()), (&b.0, b.1.len()));
                 let same = a.1.iter().zip(&b.1).filter(|(x, y)| x == y).count();
                 assert!(same * 10 >= a.1.len() * 8, "{same}");
-            } else {
-                assert!(a == b, "{}", e.workload);
+            } else if a != b {
+                // Another GPU's libraries may pick other kernels, with other
+                // workspaces: the same static blocks, allocations within 1%.
+                assert!(!on_h200, "{}", e.workload);
+                assert_eq!(a.0, b.0, "{}", e.workload);
+                assert!(
+                    a.1.len().abs_diff(b.1.len()) * 100 <= b.1.len(),
+                    "{}",
+                    e.workload
+                );
+                differ += 1;
             }
             // The longest stretch without an event, as a share of its iteration:
             // median over the iterations.
@@ -375,6 +402,49 @@ mod tests {
             shares.sort_by(f64::total_cmp);
             let median = shares[shares.len() / 2];
             assert!(median <= 0.15, "{}: {median:.2}", e.workload);
+        }
+        differ
+    }
+
+    /// The H100 recordings' iteration wall times, with nothing recorded, alone and
+    /// with launch blocking (`scripts/corpus/time_iterations.py`): one line per
+    /// workload of the test and validation splits with one time per recorded
+    /// iteration, so that `timeline::scale_iterations` takes each trace to its job's
+    /// own pace; and launch blocking makes every iteration longer than the job's.
+    #[test]
+    fn repository_h100_timings_cover_its_recordings() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/launch-blocking-h100");
+        let c = Corpus::load(&dir.join("manifest.tsv")).unwrap();
+        let times = |file: &str| -> std::collections::HashMap<String, Vec<f64>> {
+            std::fs::read_to_string(dir.join(file))
+                .unwrap()
+                .lines()
+                .map(|l| {
+                    let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                    let t = v["iteration_s"].as_array().unwrap();
+                    let t = t.iter().map(|x| x.as_f64().unwrap()).collect();
+                    (v["name"].as_str().unwrap().to_string(), t)
+                })
+                .collect()
+        };
+        let (solo, lb) = (
+            times("iteration-times.jsonl"),
+            times("iteration-times-launch-blocking.jsonl"),
+        );
+        let median = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        for e in &c.entries {
+            let t = crate::io::load_trace(&e.path).unwrap();
+            let s = &solo[&e.workload];
+            let us: Vec<u64> = s.iter().map(|x| (x * 1e6).round() as u64).collect();
+            let scaled = crate::timeline::scale_iterations(&t, &us).unwrap();
+            scaled.validate().unwrap();
+            let l = &lb[&e.workload];
+            assert_eq!(l.len(), s.len(), "{}", e.workload);
+            assert!(median(l) > median(s), "{}: {l:?} against {s:?}", e.workload);
         }
     }
 }
