@@ -3,7 +3,7 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable] [steady] [spread] [manifest=PATH] [solo=PATH]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
 //! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
@@ -18,7 +18,9 @@
 //! `solo=PATH`: each trace's iterations scaled to the wall times measured with nothing
 //! recorded (`memcast_trace::timeline::scale_iterations`; the JSON lines of
 //! `scripts/corpus/time_iterations.py`, one per workload: `name`, `iteration_s`), for
-//! the launch-blocking recordings; a trace without a line is an error. Under the table:
+//! the launch-blocking recordings; a trace without a line is an error; `hits`: under the
+//! table, the prefetch hit rate of predictive with the LSTM on each trace whose peak
+//! floor is at most 0.02 (where the link can carry the traffic). Under the table:
 //! predictive with the LSTM at most half of reactive, and within 1.5x of the oracle's
 //! plan, naming the traces outside).
 
@@ -81,6 +83,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut steady_sums = vec![0.0f64; rows.len()];
     let mut goals: Vec<Goals> = Vec::new();
     let mut names = Vec::new();
+    let mut hits = Vec::new();
     let mut n = 0;
     for e in corpus.split(split) {
         let mut t = memcast_trace::io::load_trace(&e.path)?;
@@ -121,6 +124,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let r = replay_budgeted(&t, &opts)?;
             floor = r.peak_floor_overhead;
+            if i == 2 && floor <= 0.02 {
+                hits.push(format!("{} {:.2}", e.workload, r.prefetch_hit_rate));
+            }
             sums[i + 1] += r.stall_overhead;
             let steady = after_first(&r);
             steady_sums[i] += steady;
@@ -144,6 +150,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|s| format!("{:.4}", s / n as f64))
         .collect();
     println!("| mean of {n} | {} |", means.join(" | "));
+    if flag("hits") {
+        println!(
+            "prefetch hit rate (predictive, lstm) where the peak floor is at most 0.02: {}",
+            hits.join(", ")
+        );
+    }
     if flag("steady") {
         let steady: Vec<String> = steady_sums
             .iter()
