@@ -41,9 +41,7 @@ use crate::TraceError;
 /// boundary are unchanged, those after the last shift with it. An error when the trace
 /// has not `spans_us.len()` iterations, or a span is 0. O(events).
 pub fn scale_iterations(trace: &Trace, spans_us: &[u64]) -> Result<Trace, TraceError> {
-    let bounds: Vec<usize> = (0..trace.events.len())
-        .filter(|&i| matches!(trace.events[i].kind, EventKind::IterationBoundary))
-        .collect();
+    let bounds = boundaries(trace);
     let n = bounds.len().saturating_sub(1);
     if n != spans_us.len() {
         return Err(TraceError::Param(format!(
@@ -88,9 +86,7 @@ pub fn scale_iterations(trace: &Trace, spans_us: &[u64]) -> Result<Trace, TraceE
 /// O(events).
 pub fn spread_final_waits(trace: &Trace) -> Trace {
     let mut out = trace.clone();
-    let bounds: Vec<usize> = (0..out.events.len())
-        .filter(|&i| matches!(out.events[i].kind, EventKind::IterationBoundary))
-        .collect();
+    let bounds = boundaries(trace);
     for w in bounds.windows(2) {
         let (i, j) = (w[0], w[1]);
         if j == i + 1 {
@@ -109,6 +105,13 @@ pub fn spread_final_waits(trace: &Trace) -> Trace {
         }
     }
     out
+}
+
+/// The indices of `trace`'s iteration boundaries, in order.
+fn boundaries(trace: &Trace) -> Vec<usize> {
+    (0..trace.events.len())
+        .filter(|&i| matches!(trace.events[i].kind, EventKind::IterationBoundary))
+        .collect()
 }
 
 /// How far apart two recordings of the same program lie in time: per iteration (the
@@ -154,13 +157,29 @@ mod tests {
         Event { time_us, kind }
     }
 
-    #[test]
-    fn the_final_wait_is_spread_over_the_iteration() {
-        let alloc = |id| EventKind::Alloc {
+    fn alloc(id: u64) -> EventKind {
+        EventKind::Alloc {
             id,
             bytes: 8,
             stream: 0,
-        };
+        }
+    }
+
+    /// The event times of `t`, after checking that its events are `before`'s, in the
+    /// same order, with only their times changed.
+    fn times_of(t: &Trace, before: &Trace) -> Vec<u64> {
+        assert!(t.events.len() == before.events.len());
+        assert!(t
+            .events
+            .iter()
+            .zip(&before.events)
+            .all(|(x, y)| x.kind == y.kind));
+        t.validate().unwrap();
+        t.events.iter().map(|e| e.time_us).collect()
+    }
+
+    #[test]
+    fn the_final_wait_is_spread_over_the_iteration() {
         let b = EventKind::IterationBoundary;
         let t = Trace {
             events: vec![
@@ -178,25 +197,16 @@ mod tests {
             ..Default::default()
         };
         let s = spread_final_waits(&t);
-        let times: Vec<u64> = s.events.iter().map(|e| e.time_us).collect();
-        assert_eq!(times, [5, 10, 30, 60, 110, 110, 120, 120, 130, 140]);
-        // Kinds and everything else unchanged; spreading twice changes nothing more.
-        assert!(s
-            .events
-            .iter()
-            .zip(&t.events)
-            .all(|(x, y)| x.kind == y.kind));
+        assert_eq!(
+            times_of(&s, &t),
+            [5, 10, 30, 60, 110, 110, 120, 120, 130, 140]
+        );
+        // Spreading twice changes nothing more.
         assert_eq!(spread_final_waits(&s), s);
-        s.validate().unwrap();
     }
 
     #[test]
     fn iterations_are_scaled_to_the_lengths_given() {
-        let alloc = |id| EventKind::Alloc {
-            id,
-            bytes: 8,
-            stream: 0,
-        };
         let b = EventKind::IterationBoundary;
         let t = Trace {
             events: vec![
@@ -213,14 +223,7 @@ mod tests {
             ..Default::default()
         };
         let s = scale_iterations(&t, &[50, 300]).unwrap();
-        let times: Vec<u64> = s.events.iter().map(|e| e.time_us).collect();
-        assert_eq!(times, [5, 10, 15, 35, 60, 120, 360, 365, 370]);
-        assert!(s
-            .events
-            .iter()
-            .zip(&t.events)
-            .all(|(x, y)| x.kind == y.kind));
-        s.validate().unwrap();
+        assert_eq!(times_of(&s, &t), [5, 10, 15, 35, 60, 120, 360, 365, 370]);
         // The lengths it measured give the trace back.
         assert_eq!(scale_iterations(&t, &[100, 100]).unwrap(), t);
         let e = scale_iterations(&t, &[50]).unwrap_err().to_string();
