@@ -213,22 +213,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn solo_times(
     path: &str,
 ) -> Result<std::collections::HashMap<String, Vec<u64>>, Box<dyn std::error::Error>> {
-    let mut out = std::collections::HashMap::new();
-    for (i, line) in std::fs::read_to_string(path)?.lines().enumerate() {
-        let v: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| format!("{path}:{}: {e}", i + 1))?;
-        let (Some(name), Some(times)) = (v["name"].as_str(), v["iteration_s"].as_array()) else {
-            // A workload that failed (its line has `error`): no timing.
-            continue;
-        };
-        let us = times
-            .iter()
-            .map(|x| x.as_f64().map(|s| (s * 1e6).round() as u64))
-            .collect::<Option<Vec<u64>>>()
-            .ok_or_else(|| format!("{path}:{}: iteration_s holds a non-number", i + 1))?;
-        out.insert(name.to_string(), us);
-    }
-    Ok(out)
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let times =
+        memcast_trace::corpus::parse_iteration_times(&text).map_err(|e| format!("{path}: {e}"))?;
+    Ok(times
+        .into_iter()
+        .map(|(name, s)| (name, s.iter().map(|x| (x * 1e6).round() as u64).collect()))
+        .collect())
 }
 
 /// Per trace, (whole run, from the second iteration) stall overheads of reactive,

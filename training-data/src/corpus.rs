@@ -204,6 +204,31 @@ pub fn parse_figures(text: &str) -> Result<Vec<PytorchFigures>, TraceError> {
         .collect()
 }
 
+/// Parses the iteration wall times `scripts/corpus/time_iterations.py` prints (JSON
+/// Lines: `name`, `iteration_s`): each workload's times in seconds, in order. A line
+/// with no times (a workload that failed: it has `error`) is skipped; blank lines too.
+pub fn parse_iteration_times(
+    text: &str,
+) -> Result<std::collections::HashMap<String, Vec<f64>>, TraceError> {
+    #[derive(serde::Deserialize)]
+    struct Line {
+        name: String,
+        iteration_s: Option<Vec<f64>>,
+    }
+    let mut out = std::collections::HashMap::new();
+    for (i, l) in text.lines().enumerate() {
+        if l.trim().is_empty() {
+            continue;
+        }
+        let line: Line = serde_json::from_str(l)
+            .map_err(|e| TraceError::Param(format!("iteration times line {}: {e}", i + 1)))?;
+        if let Some(times) = line.iteration_s {
+            out.insert(line.name, times);
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,6 +243,19 @@ mod tests {
         assert_eq!(e[0].path, Path::new("/c/a/x.mctrace"));
         assert!(!e[0].dynamic && e[1].dynamic);
         assert_eq!((e[0].split, e[1].split), (Split::Test, Split::Train));
+    }
+
+    #[test]
+    fn iteration_times_skip_failed_workloads_and_name_a_bad_line() {
+        let t = "{\"name\": \"a\", \"iteration_s\": [0.5, 0.25]}\n\n{\"name\": \"b\", \"error\": \"OutOfMemoryError\"}\n";
+        let times = parse_iteration_times(t).unwrap();
+        assert_eq!(times.len(), 1);
+        assert_eq!(times["a"], [0.5, 0.25]);
+        let err =
+            parse_iteration_times("{\"name\": \"a\", \"iteration_s\": [0.5]}\n{\"name\": 3}\n")
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("iteration times line 2"), "{err}");
     }
 
     #[test]
@@ -415,17 +453,8 @@ mod tests {
     fn repository_h100_timings_cover_its_recordings() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/launch-blocking-h100");
         let c = Corpus::load(&dir.join("manifest.tsv")).unwrap();
-        let times = |file: &str| -> std::collections::HashMap<String, Vec<f64>> {
-            std::fs::read_to_string(dir.join(file))
-                .unwrap()
-                .lines()
-                .map(|l| {
-                    let v: serde_json::Value = serde_json::from_str(l).unwrap();
-                    let t = v["iteration_s"].as_array().unwrap();
-                    let t = t.iter().map(|x| x.as_f64().unwrap()).collect();
-                    (v["name"].as_str().unwrap().to_string(), t)
-                })
-                .collect()
+        let times = |file: &str| {
+            parse_iteration_times(&std::fs::read_to_string(dir.join(file)).unwrap()).unwrap()
         };
         let (solo, lb) = (
             times("iteration-times.jsonl"),
