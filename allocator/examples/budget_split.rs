@@ -3,7 +3,7 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits] [low=X] [high=X]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
 //! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
@@ -22,7 +22,8 @@
 //! table, the prefetch hit rate of predictive with the LSTM on each trace whose peak
 //! floor is at most 0.02 (where the link can carry the traffic). Under the table:
 //! predictive with the LSTM at most half of reactive, and within 1.5x of the oracle's
-//! plan, naming the traces outside).
+//! plan, naming the traces outside); `low=X`, `high=X`: `TierConfig::low_watermark`
+//! (also the plans' cap) and `high_watermark`.
 
 use memcast_alloc::config::Actions;
 use memcast_alloc::replay::ReplayForecaster;
@@ -109,6 +110,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             opts.tier.plan_defer_wraps = defer;
             if flag("byaddr") || flag("noaddr") {
                 opts.tier.oom_by_address = flag("byaddr");
+            }
+            let value = |k: &str| {
+                std::env::args()
+                    .skip(3)
+                    .find_map(|a| a.strip_prefix(k).and_then(|v| v.parse::<f64>().ok()))
+            };
+            if let Some(x) = value("low=") {
+                opts.tier.low_watermark = x;
+            }
+            if let Some(x) = value("high=") {
+                opts.tier.high_watermark = x;
             }
             if flag("noguard") {
                 opts.tier.plan_guard = false;
