@@ -40,16 +40,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| "60%".into())
         .parse()?;
     let flag = |f: &str| std::env::args().skip(3).any(|a| a == f);
+    // The value of a `key=value` argument.
+    let value = |key: &str| {
+        std::env::args()
+            .skip(3)
+            .find_map(|a| a.strip_prefix(key)?.strip_prefix('=').map(String::from))
+    };
+    let fraction = |key: &str| -> Result<Option<f64>, String> {
+        value(key)
+            .map(|v| v.parse().map_err(|_| format!("{key}={v}: not a number")))
+            .transpose()
+    };
+    let (low, high) = (fraction("low")?, fraction("high")?);
     let (occupancy, defer) = (flag("occupancy"), !flag("nodefer"));
-    let manifest = std::env::args()
-        .skip(3)
-        .find_map(|a| a.strip_prefix("manifest=").map(String::from))
-        .unwrap_or_else(|| "training-data/corpus/manifest.tsv".into());
+    let manifest = value("manifest").unwrap_or_else(|| "training-data/corpus/manifest.tsv".into());
     let corpus = Corpus::load(std::path::Path::new(&manifest))?;
-    let solo = match std::env::args()
-        .skip(3)
-        .find_map(|a| a.strip_prefix("solo=").map(String::from))
-    {
+    let solo = match value("solo") {
         Some(path) => Some(solo_times(&path)?),
         None => None,
     };
@@ -111,15 +117,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if flag("byaddr") || flag("noaddr") {
                 opts.tier.oom_by_address = flag("byaddr");
             }
-            let value = |k: &str| {
-                std::env::args()
-                    .skip(3)
-                    .find_map(|a| a.strip_prefix(k).and_then(|v| v.parse::<f64>().ok()))
-            };
-            if let Some(x) = value("low=") {
+            if let Some(x) = low {
                 opts.tier.low_watermark = x;
             }
-            if let Some(x) = value("high=") {
+            if let Some(x) = high {
                 opts.tier.high_watermark = x;
             }
             if flag("noguard") {
