@@ -342,12 +342,12 @@ mod tests {
     }
 
     /// The test split recorded with `CUDA_LAUNCH_BLOCKING=1`, each workload alone on
-    /// the GPU (`record.py --launch-blocking`), on the H200 (`launch-blocking/`) and
-    /// with the validation split on an H100 (`launch-blocking-h100/`): the same
-    /// programs as the corpus's traces, allocation for allocation (the order of the
-    /// static blocks, read from the final layout, and of frees that complete together
-    /// may differ; Faster R-CNN's data-dependent proposals differ; on the H100 five
-    /// have other workspaces), with event times that follow the GPU's work: no
+    /// the GPU (`record.py --launch-blocking`), on the H200 (`launch-blocking/`) and,
+    /// with the validation and train splits, on an H100 (`launch-blocking-h100/`): the
+    /// same programs as the corpus's traces, allocation for allocation (the order of
+    /// the static blocks, read from the final layout, and of frees that complete
+    /// together may differ; Faster R-CNN's data-dependent proposals differ; on the H100
+    /// six have other workspaces), with event times that follow the GPU's work: no
     /// iteration has one long wait at its end.
     #[test]
     fn repository_launch_blocking_corpus_holds_the_same_programs() {
@@ -449,9 +449,9 @@ mod tests {
 
     /// The H100 recordings' iteration wall times, with nothing recorded, alone and
     /// with launch blocking (`scripts/corpus/time_iterations.py`): one line per
-    /// workload of the test and validation splits with one time per recorded
-    /// iteration, so that `timeline::scale_iterations` takes each trace to its job's
-    /// own pace; and launch blocking makes every iteration longer than the job's.
+    /// workload of the three splits with one time per recorded iteration, so that
+    /// `timeline::scale_iterations` takes each trace to its job's own pace; and launch
+    /// blocking makes every iteration longer than the job's.
     #[test]
     fn repository_h100_timings_cover_its_recordings() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/launch-blocking-h100");
