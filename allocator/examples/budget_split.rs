@@ -3,7 +3,7 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits] [low=X] [high=X]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits] [low=X] [high=X] [costs=NAME]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
 //! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
@@ -23,8 +23,10 @@
 //! floor is at most 0.02 (where the link can carry the traffic). Under the table:
 //! predictive with the LSTM at most half of reactive, and within 1.5x of the oracle's
 //! plan, naming the traces outside); `low=X`, `high=X`: `TierConfig::low_watermark`
-//! (also the plans' cap) and `high_watermark`.
+//! (also the plans' cap) and `high_watermark`; `costs=h100`: the link and device costs
+//! measured on an H100 (`CostModel::h100`, for its recordings) instead of the H200's.
 
+use memcast_alloc::backend::sim::CostModel;
 use memcast_alloc::config::Actions;
 use memcast_alloc::replay::ReplayForecaster;
 use memcast_alloc::tier::{replay_budgeted, Budget, TierReplayOptions};
@@ -53,6 +55,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let (low, high) = (fraction("low")?, fraction("high")?);
     let (occupancy, defer) = (flag("occupancy"), !flag("nodefer"));
+    let costs = match value("costs") {
+        Some(name) => {
+            CostModel::named(&name).ok_or_else(|| format!("costs={name}: not h200 or h100"))?
+        }
+        None => CostModel::default(),
+    };
     let manifest = value("manifest").unwrap_or_else(|| "training-data/corpus/manifest.tsv".into());
     let corpus = Corpus::load(std::path::Path::new(&manifest))?;
     let solo = match value("solo") {
@@ -110,6 +118,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 arena: *arena,
                 predictive: *p,
                 spread_waits: flag("spread"),
+                costs: costs.clone(),
                 ..Default::default()
             };
             opts.tier.plan_occupancy = occupancy;

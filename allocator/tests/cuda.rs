@@ -683,6 +683,65 @@ fn low_priority_transfer_overlaps_a_compute_kernel() {
     b.deallocate(d, n, 0).unwrap();
 }
 
+/// Not a check: copy bandwidths (GB/s) at the sizes of the sim's tables
+/// (`sim_cost::CostModel`: 2 MiB, 64 MiB, 1 GiB) for each copy kind, and the total of
+/// 1 GiB copies in both directions at once on two streams, printed in the cost model's
+/// own field names so that a cost model for another GPU is read off the output.
+#[test]
+fn measure_copy_bandwidths() {
+    let Some(mut b) = gpu() else { return };
+    let sizes = [(2 * MIB, 100u32), (64 * MIB, 16), (GIB, 4)];
+    let d = b.allocate(GIB, 0).unwrap();
+    let d2 = b.allocate(GIB, 0).unwrap();
+    let pinned = b.allocate_host(GIB, true).unwrap();
+    let pageable = b.allocate_host(GIB, false).unwrap();
+    let (dev, dev2) = (MemRef::Device(d), MemRef::Device(d2));
+    let (pin, page) = (MemRef::Host(pinned), MemRef::Host(pageable));
+    let mut table = |dst: MemRef, src: MemRef, scale: u32| -> serde_json::Value {
+        let rows: Vec<_> = sizes
+            .iter()
+            .map(|&(n, reps)| {
+                let gbps = bandwidth(&mut b, dst, src, n, (reps / scale).max(2));
+                serde_json::json!([n as f64, gbps])
+            })
+            .collect();
+        serde_json::Value::Array(rows)
+    };
+    let h2d_pinned = table(dev, pin, 1);
+    let d2h_pinned = table(pin, dev, 1);
+    let h2d_pageable = table(dev, page, 2);
+    let d2h_pageable = table(page, dev, 2);
+    let d2d = table(dev2, dev, 1);
+    // Both directions at once: 4 x 1 GiB in on one stream, 4 x 1 GiB out on another.
+    let (s_in, s_out) = (
+        b.create_stream(StreamPriority::Low).unwrap(),
+        b.create_stream(StreamPriority::Low).unwrap(),
+    );
+    let h2 = b.allocate_host(GIB, true).unwrap();
+    b.synchronize_device().unwrap();
+    let t = Instant::now();
+    for _ in 0..4 {
+        b.copy(dev, pin, GIB, Some(s_in)).unwrap();
+        b.copy(MemRef::Host(h2), dev2, GIB, Some(s_out)).unwrap();
+    }
+    b.synchronize_stream(s_in).unwrap();
+    b.synchronize_stream(s_out).unwrap();
+    let duplex = (8 * GIB) as f64 / t.elapsed().as_secs_f64() / 1e9;
+    report(
+        "copy_bandwidths",
+        serde_json::json!({
+            "h2d_pinned": h2d_pinned, "d2h_pinned": d2h_pinned,
+            "h2d_pageable": h2d_pageable, "d2h_pageable": d2h_pageable,
+            "d2d": d2d, "duplex_gbps": duplex,
+        }),
+    );
+    b.deallocate_host(h2, GIB).unwrap();
+    b.deallocate_host(pageable, GIB).unwrap();
+    b.deallocate_host(pinned, GIB).unwrap();
+    b.deallocate(d2, GIB, 0).unwrap();
+    b.deallocate(d, GIB, 0).unwrap();
+}
+
 /// Grows a growable segment by `chunk` `reps` times, then shrinks it back chunk by chunk.
 fn measure_growable(b: &mut CudaBackend, page: u64, chunk: u64, reps: u64) -> serde_json::Value {
     b.call_stats().reset();

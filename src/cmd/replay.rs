@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
+use memcast_alloc::backend::sim::CostModel;
 use memcast_alloc::config::AllocConfig;
 use memcast_alloc::replay::{
     replay, Device, Policy, ReplayForecaster, ReplayOptions, ReplayReport,
@@ -96,6 +97,12 @@ pub struct ReplayArgs {
     /// Device backend.
     #[arg(long, value_enum, default_value = "sim")]
     pub device: DeviceArg,
+    /// The simulated device's costs (device calls, copies, the link both ways), used by
+    /// `--device sim` and, under --budget, by the policies and floors on every device:
+    /// `h200` (the default) or `h100`, each measured on that GPU, or a JSON file of a
+    /// cost model (its fields: docs/cost-model-h100.json).
+    #[arg(long, value_name = "h200|h100|FILE")]
+    pub costs: Option<String>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -231,6 +238,9 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
     if args.watermarks.is_some() && args.budget.is_none() {
         bail!("--watermarks applies to a replay under --budget only");
     }
+    if args.costs.is_some() && args.budget.is_none() && !matches!(args.device, DeviceArg::Sim) {
+        bail!("--costs applies to --device sim, or to a replay under --budget");
+    }
     if args.budget.is_none() && ps.contains(&PolicyArg::Reactive) {
         bail!("--policy reactive needs --budget (bytes such as 8G, or a share of the trace's peak requested bytes such as 0.6 or 60%)");
     }
@@ -276,6 +286,23 @@ pub fn alloc_config(args: &ReplayArgs, base: AllocConfig) -> Result<AllocConfig>
     Ok(config)
 }
 
+/// The cost model `--costs` names: a built-in one by name, or a JSON file, checked
+/// before use (`CostModel::validate`).
+pub fn cost_model(args: &ReplayArgs) -> Result<CostModel> {
+    let Some(spec) = &args.costs else {
+        return Ok(CostModel::default());
+    };
+    if let Some(c) = CostModel::named(spec) {
+        return Ok(c);
+    }
+    let text = std::fs::read_to_string(spec)
+        .with_context(|| format!("--costs {spec}: not h200 or h100, and not a file to read"))?;
+    let c: CostModel =
+        serde_json::from_str(&text).with_context(|| format!("{spec}: not a cost model"))?;
+    c.validate().map_err(|e| anyhow::anyhow!("{spec}: {e}"))?;
+    Ok(c)
+}
+
 pub fn forecaster(args: &ReplayArgs) -> ReplayForecaster {
     match args.forecaster.unwrap_or(ForecasterArg::Lstm) {
         ForecasterArg::Lstm => ReplayForecaster::Lstm,
@@ -294,6 +321,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     let trace = args.import.load(&args.trace)?;
     drop(busy);
     let config = alloc_config(&args, AllocConfig::default())?;
+    let costs = cost_model(&args)?;
     let mut reports = Vec::new();
     for p in policies(&args) {
         let opts = ReplayOptions {
@@ -312,6 +340,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             config: config.clone(),
             check_every: args.check_every,
             forecaster: forecaster(&args),
+            costs: costs.clone(),
             ..Default::default()
         };
         let busy = super::progress::Busy::new(format!(

@@ -51,6 +51,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     if let Some(w) = &args.watermarks {
         (tier.high_watermark, tier.low_watermark) = parse_watermarks(w)?;
     }
+    let costs = super::cost_model(args)?;
     let mut reports = Vec::new();
     for p in &policies {
         let opts = TierReplayOptions {
@@ -64,6 +65,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
             prefetch: !args.no_prefetch,
             arena: !args.no_arena,
             spread_waits: args.spread_waits,
+            costs: costs.clone(),
             check_every: args.check_every,
             alloc: alloc.clone(),
             plan: plan.clone(),

@@ -7,6 +7,9 @@ const KIB: f64 = 1024.0;
 const MIB: f64 = 1024.0 * 1024.0;
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
+/// (bytes, value) rows, sizes rising: a cost model's tables.
+type Table = [(f64, f64)];
+
 /// Host-blocking costs (microseconds) and bandwidths (GB/s), with the H200 defaults.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CostModel {
@@ -100,6 +103,112 @@ impl CostModel {
         }
     }
 
+    /// The figures measured on an NVIDIA H100 80GB HBM3 (SXM, PCIe Gen5 x16, driver
+    /// 580) with the CUDA backend's own measuring tests (`measure_copy_bandwidths`,
+    /// `measure_device_call_latencies` in `allocator/tests/cuda.rs`; means of two to three
+    /// runs; docs/cuda.md, "Another GPU: the H100"). The H200's call costs came from the
+    /// runtime API through Python and its copies from CUDA events, these from the
+    /// driver API and wall time: the H200's own runs of the same tests lie within -25%
+    /// to +16% of its constants. The copy latency and the event cost are the H200's
+    /// (not measured apart on either).
+    pub fn h100() -> Self {
+        CostModel {
+            malloc: vec![
+                (512.0, 1.2),
+                (64.0 * KIB, 1.1),
+                (2.0 * MIB, 34.8),
+                (20.0 * MIB, 38.1),
+                (256.0 * MIB, 53.9),
+                (GIB, 89.3),
+            ],
+            free: vec![
+                (512.0, 1.4),
+                (64.0 * KIB, 1.2),
+                (2.0 * MIB, 28.8),
+                (20.0 * MIB, 39.0),
+                (256.0 * MIB, 107.6),
+                (GIB, 480.3),
+            ],
+            host_alloc_pinned: vec![(2.0 * MIB, 668.4), (256.0 * MIB, 78458.6)],
+            host_free_pinned: vec![(2.0 * MIB, 208.7), (256.0 * MIB, 22060.5)],
+            host_alloc_pageable_us: 1.0,
+            h2d_pinned: vec![(2.0 * MIB, 51.4), (64.0 * MIB, 55.2), (GIB, 55.3)],
+            d2h_pinned: vec![(2.0 * MIB, 52.5), (64.0 * MIB, 55.1), (GIB, 55.2)],
+            h2d_pageable: vec![(2.0 * MIB, 17.8), (64.0 * MIB, 13.9), (GIB, 9.8)],
+            d2h_pageable: vec![(2.0 * MIB, 12.6), (64.0 * MIB, 16.4), (GIB, 16.2)],
+            d2d: vec![(2.0 * MIB, 525.4), (64.0 * MIB, 1388.0), (GIB, 1498.3)],
+            h2h_gbps: 20.0,
+            copy_latency_us: 2.0,
+            event_us: 0.5,
+            duplex_gbps: 94.4,
+            map_page_us: 36.4,
+            unmap_page_us: 27.9,
+        }
+    }
+
+    /// The built-in cost models by name: `h200` (the default) and `h100`.
+    pub fn named(name: &str) -> Option<Self> {
+        match name {
+            "h200" => Some(Self::h200()),
+            "h100" => Some(Self::h100()),
+            _ => None,
+        }
+    }
+
+    /// Checks a cost model read from a file before any replay uses it: every table has
+    /// a row, sizes rise and are positive, bandwidths are positive and times are not
+    /// negative, all finite. The error names the field and the row.
+    pub fn validate(&self) -> Result<(), String> {
+        // A bandwidth must be positive, a time at least 0; both finite.
+        let check = |v: f64, rate: bool| -> Result<(), &'static str> {
+            match (v.is_finite(), rate) {
+                (true, true) if v > 0.0 => Ok(()),
+                (true, false) if v >= 0.0 => Ok(()),
+                (_, true) => Err("a positive bandwidth"),
+                (_, false) => Err("a time of at least 0"),
+            }
+        };
+        let tables: [(&str, &Table, bool); 9] = [
+            ("malloc", &self.malloc, false),
+            ("free", &self.free, false),
+            ("host_alloc_pinned", &self.host_alloc_pinned, false),
+            ("host_free_pinned", &self.host_free_pinned, false),
+            ("h2d_pinned", &self.h2d_pinned, true),
+            ("d2h_pinned", &self.d2h_pinned, true),
+            ("h2d_pageable", &self.h2d_pageable, true),
+            ("d2h_pageable", &self.d2h_pageable, true),
+            ("d2d", &self.d2d, true),
+        ];
+        for (name, table, rate) in tables {
+            if table.is_empty() {
+                return Err(format!("`{name}` has no row"));
+            }
+            let mut last = 0.0;
+            for (i, &(bytes, v)) in table.iter().enumerate() {
+                if !(bytes.is_finite() && bytes > last) {
+                    return Err(format!(
+                        "`{name}` row {i}: size {bytes} is not a finite size above the row before"
+                    ));
+                }
+                check(v, rate).map_err(|what| format!("`{name}` row {i}: {v} is not {what}"))?;
+                last = bytes;
+            }
+        }
+        let scalars = [
+            ("h2h_gbps", self.h2h_gbps, true),
+            ("duplex_gbps", self.duplex_gbps, true),
+            ("host_alloc_pageable_us", self.host_alloc_pageable_us, false),
+            ("copy_latency_us", self.copy_latency_us, false),
+            ("event_us", self.event_us, false),
+            ("map_page_us", self.map_page_us, false),
+            ("unmap_page_us", self.unmap_page_us, false),
+        ];
+        for (name, v, rate) in scalars {
+            check(v, rate).map_err(|what| format!("`{name}` is {v}, not {what}"))?;
+        }
+        Ok(())
+    }
+
     /// Piecewise-linear interpolation in log2(size), clamped at both ends.
     pub fn interp(table: &[(f64, f64)], bytes: f64) -> f64 {
         let x = bytes.max(1.0).log2();
@@ -135,5 +244,51 @@ impl CostModel {
         };
         // GB/s = 1e3 bytes/us.
         self.copy_latency_us + bytes as f64 / (gbps * 1e3)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_built_in_models_are_valid_and_named() {
+        for name in ["h200", "h100"] {
+            let c = CostModel::named(name).unwrap();
+            assert_eq!(c.validate(), Ok(()), "{name}");
+        }
+        assert_eq!(CostModel::named("h200"), Some(CostModel::default()));
+        assert_ne!(CostModel::named("h100"), Some(CostModel::default()));
+        assert_eq!(CostModel::named("a100"), None);
+    }
+
+    /// The example file the docs point users to is the H100's model, field for field.
+    #[test]
+    fn the_documented_example_file_is_the_h100_model() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/cost-model-h100.json");
+        let text = std::fs::read_to_string(path).unwrap();
+        let c: CostModel = serde_json::from_str(&text).unwrap();
+        assert_eq!(c, CostModel::h100());
+    }
+
+    #[test]
+    fn a_bad_model_is_refused_naming_the_field_and_row() {
+        let bad = |edit: fn(&mut CostModel), want: &str| {
+            let mut c = CostModel::h100();
+            edit(&mut c);
+            let err = c.validate().unwrap_err();
+            assert!(err.contains(want), "{err} should name {want}");
+        };
+        bad(|c| c.d2d.clear(), "`d2d` has no row");
+        bad(|c| c.h2d_pinned[1].0 = 1.0, "`h2d_pinned` row 1");
+        bad(|c| c.d2h_pageable[2].1 = 0.0, "`d2h_pageable` row 2");
+        bad(|c| c.free[0].1 = f64::NAN, "`free` row 0");
+        bad(|c| c.malloc[3].1 = -1.0, "`malloc` row 3");
+        bad(
+            |c| c.host_free_pinned[0].0 = f64::INFINITY,
+            "`host_free_pinned` row 0",
+        );
+        bad(|c| c.duplex_gbps = 0.0, "`duplex_gbps`");
+        bad(|c| c.map_page_us = f64::NAN, "`map_page_us`");
     }
 }

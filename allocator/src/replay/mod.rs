@@ -190,6 +190,8 @@ pub struct ReplayOptions {
     pub forecaster: ReplayForecaster,
     /// Record `ReplayReport::timeline` (reserved and requested bytes over time).
     pub timeline: bool,
+    /// The simulated device's call costs (`Device::Sim`): the H200's by default.
+    pub costs: crate::backend::sim::CostModel,
 }
 
 impl Default for ReplayOptions {
@@ -204,6 +206,7 @@ impl Default for ReplayOptions {
             check_every: 0,
             forecaster: ReplayForecaster::Lstm,
             timeline: false,
+            costs: Default::default(),
         }
     }
 }
@@ -401,7 +404,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, Repla
     let r = match (opts.policy, opts.device) {
         (_, Device::Cuda) => cuda::replay(trace, opts)?,
         (Policy::Memcast, Device::Sim) => {
-            let b = SimBackend::new(opts.sim_capacity, Default::default());
+            let b = SimBackend::new(opts.sim_capacity, opts.costs.clone());
             let a = Allocator::new(b, opts.config.clone())
                 .map_err(|source| ReplayError::Alloc { index: 0, source })?;
             run(trace, a, opts)?
@@ -412,7 +415,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, Repla
             run(trace, a, opts)?
         }
         (Policy::Predictive, Device::Sim) => {
-            let b = SimBackend::new(opts.sim_capacity, Default::default());
+            let b = SimBackend::new(opts.sim_capacity, opts.costs.clone());
             run(trace, predictive_allocator(trace, b, opts)?, opts)?
         }
         (Policy::Predictive, Device::Host) => {
@@ -420,7 +423,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, Repla
             run(trace, predictive_allocator(trace, b, opts)?, opts)?
         }
         (Policy::Pytorch, Device::Sim) => {
-            let b = SimBackend::new(opts.sim_capacity, Default::default());
+            let b = SimBackend::new(opts.sim_capacity, opts.costs.clone());
             let emu = pytorch::PytorchEmu::new(b, opts.pytorch.clone());
             run_warm(trace, emu, opts, opts.pytorch.warmup_plan(trace).as_ref())?
         }
@@ -430,7 +433,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, Repla
             run_warm(trace, emu, opts, opts.pytorch.warmup_plan(trace).as_ref())?
         }
         (Policy::Naive, Device::Sim) => {
-            let b = SimBackend::new(opts.sim_capacity, Default::default());
+            let b = SimBackend::new(opts.sim_capacity, opts.costs.clone());
             run(trace, naive::Naive::new(b), opts)?
         }
         (Policy::Naive, Device::Host) => run(

@@ -347,9 +347,14 @@ pub fn upcoming(
     traj
 }
 
-/// The summed peak floor of `program` under `budget` bytes, us.
-pub fn replay_floor(program: &[Op], bytes_of: &HashMap<u64, u64>, budget: u64) -> f64 {
-    let link = LinkModel::peak();
+/// The summed peak floor of `program` under `budget` bytes over `link` (its
+/// [`LinkModel::peak_of`]), us.
+pub fn replay_floor(
+    program: &[Op],
+    bytes_of: &HashMap<u64, u64>,
+    budget: u64,
+    link: LinkModel,
+) -> f64 {
     trajectories(program, bytes_of)
         .iter()
         .map(|tr| iteration_floor(tr, budget, link))

@@ -159,6 +159,12 @@ impl<B: DeviceBackend> TierManager<B> {
         self.recompute.producer = Some(p);
     }
 
+    /// Sets the link costs the drop-or-spill rule compares recomputation with (default:
+    /// the H200's).
+    pub fn set_cost_model(&mut self, model: CostModel) {
+        self.recompute.model = model;
+    }
+
     /// Declares `h` recomputable from `inputs` (its producer's inputs, registered), in
     /// the step that registered it: writes in this step are its producer's, later ones
     /// make it not recomputable. `h` needs a recompute cost

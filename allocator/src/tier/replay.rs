@@ -24,7 +24,7 @@ use memcast_trace::Trace;
 
 use crate::backend::host::HostBackend;
 use crate::backend::layers::Limit;
-use crate::backend::sim::{SimBackend, H200_CAPACITY};
+use crate::backend::sim::{CostModel, SimBackend, H200_CAPACITY};
 use crate::backend::DeviceBackend;
 use crate::config::AllocConfig;
 use crate::pool::Allocator;
@@ -39,6 +39,7 @@ use super::planned::{Guard, Planner};
 use super::predictive::Demand;
 use super::prefetch::{NoPrefetch, PrefetchPolicy, PreviousIterationOrder};
 use super::recompute::TimeOnly;
+use super::schedule::LinkModel;
 use super::spill::{FarthestNextUse, LinkCost, LruK, SpillPolicy};
 use super::{TierConfig, TierError};
 use crate::config::Actions;
@@ -80,6 +81,10 @@ pub struct TierReplayOptions {
     /// where a host that ran ahead of the GPU waited, spread over the iteration)
     /// instead of the trace's event times.
     pub spread_waits: bool,
+    /// The simulated device's costs (`Device::Sim`) and the link the policies and the
+    /// floors assume (every device): the H200's by default, [`CostModel::h100`] for
+    /// timelines recorded on an H100.
+    pub costs: CostModel,
 }
 
 impl Default for TierReplayOptions {
@@ -106,6 +111,7 @@ impl Default for TierReplayOptions {
             arena: true,
             plan: None,
             spread_waits: false,
+            costs: CostModel::default(),
         }
     }
 }
@@ -162,7 +168,7 @@ pub fn replay_budgeted(
     match opts.device {
         Device::Sim => {
             let b = Limit::new(
-                SimBackend::new(H200_CAPACITY.max(budget), Default::default()),
+                SimBackend::new(H200_CAPACITY.max(budget), opts.costs.clone()),
                 budget,
             );
             run(trace, b, cfg, &alloc_cfg, opts, peak)
@@ -223,10 +229,13 @@ fn run<B: DeviceBackend>(
         alloc,
         cfg.clone(),
         spill,
-        Box::new(LinkCost::default()),
+        Box::new(LinkCost {
+            model: opts.costs.clone(),
+        }),
         prefetch,
     )
     .map_err(TierReplayError::Setup)?;
+    m.set_cost_model(opts.costs.clone());
     if let Some((fk, actions)) = opts.predictive {
         // The oracle reads the events the manager will feed: registrations of
         // non-empty tensors, their frees, the boundaries.
@@ -237,6 +246,7 @@ fn run<B: DeviceBackend>(
         if actions.plan {
             let mut p = Planner::new(cfg.low_watermark, None);
             p.drops = actions.recompute;
+            p.link = LinkModel::from_costs(&opts.costs);
             p.link.occupancy = cfg.plan_occupancy;
             p.defer_wraps = cfg.plan_defer_wraps;
             p.guard = cfg.plan_guard.then(Guard::default);
@@ -493,10 +503,11 @@ fn run<B: DeviceBackend>(
         .saturating_sub(1)
         .max(1) as f64;
     // Pinned copies, both directions at once: the measured duplex total, halved.
-    let duplex = crate::backend::sim::CostModel::default().duplex_gbps / 2.0 * 1e3;
+    let duplex = opts.costs.duplex_gbps / 2.0 * 1e3;
     let link_us = iterations * peak.saturating_sub(budget) as f64 / duplex;
     let link_floor_us = (link_us - compute_us).max(0.0);
-    let peak_floor_us = super::floor::replay_floor(&program, &bytes_of, budget);
+    let peak_floor_us =
+        super::floor::replay_floor(&program, &bytes_of, budget, LinkModel::peak_of(&opts.costs));
     let events = (trace.events.len() + trace.static_blocks.len()) as u64;
     let wall_secs = wall.elapsed().as_secs_f64();
     Ok(TierReport {

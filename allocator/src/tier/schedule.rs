@@ -135,10 +135,17 @@ pub struct LinkModel {
 }
 
 impl Default for LinkModel {
-    /// The sim's measured pinned duplex bandwidth, halved: the rate each direction
-    /// keeps while the other one is busy too (~51 GB/s on an H200).
+    /// [`LinkModel::from_costs`] of the default cost model (the H200's).
     fn default() -> Self {
-        let each = crate::backend::sim::CostModel::default().duplex_gbps / 2.0 * 1e3;
+        Self::from_costs(&crate::backend::sim::CostModel::default())
+    }
+}
+
+impl LinkModel {
+    /// A cost model's measured pinned duplex bandwidth, halved: the rate each direction
+    /// keeps while the other one is busy too (~51 GB/s on an H200, ~47 on an H100).
+    pub fn from_costs(c: &crate::backend::sim::CostModel) -> Self {
+        let each = c.duplex_gbps / 2.0 * 1e3;
         LinkModel {
             out_bytes_per_us: each,
             in_bytes_per_us: each,
@@ -146,13 +153,15 @@ impl Default for LinkModel {
             occupancy: false,
         }
     }
-}
 
-impl LinkModel {
-    /// The sim's best pinned bandwidth each way with the other direction idle (for a
-    /// lower bound: no policy's copies run faster), no fixed cost.
+    /// The default cost model's [`LinkModel::peak_of`].
     pub fn peak() -> Self {
-        let c = crate::backend::sim::CostModel::default();
+        Self::peak_of(&crate::backend::sim::CostModel::default())
+    }
+
+    /// A cost model's best pinned bandwidth each way with the other direction idle (for
+    /// a lower bound: no policy's copies run faster), no fixed cost.
+    pub fn peak_of(c: &crate::backend::sim::CostModel) -> Self {
         let best = |t: &[(f64, f64)]| t.iter().map(|&(_, g)| g).fold(0.0, f64::max) * 1e3;
         LinkModel {
             out_bytes_per_us: best(&c.d2h_pinned),
