@@ -98,7 +98,8 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, default_value = "sim")]
     pub device: DeviceArg,
     /// The simulated device's costs (device calls, copies, the link both ways), used by
-    /// `--device sim` and, under --budget, by the policies and floors on every device:
+    /// `--device sim`, set beside the measured calls of `--device cuda`, and under
+    /// --budget by the policies and floors on every device:
     /// `h200` (the default) or `h100`, each measured on that GPU, or a JSON file of a
     /// cost model (its fields: docs/cost-model-h100.json).
     #[arg(long, value_name = "h200|h100|FILE")]
@@ -238,8 +239,8 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
     if args.watermarks.is_some() && args.budget.is_none() {
         bail!("--watermarks applies to a replay under --budget only");
     }
-    if args.costs.is_some() && args.budget.is_none() && !matches!(args.device, DeviceArg::Sim) {
-        bail!("--costs applies to --device sim, or to a replay under --budget");
+    if args.costs.is_some() && args.budget.is_none() && matches!(args.device, DeviceArg::Host) {
+        bail!("--costs applies to --device sim or cuda, or to a replay under --budget");
     }
     if args.budget.is_none() && ps.contains(&PolicyArg::Reactive) {
         bail!("--policy reactive needs --budget (bytes such as 8G, or a share of the trace's peak requested bytes such as 0.6 or 60%)");

@@ -1,6 +1,6 @@
 //! The `--device cuda` part of `memcast replay`'s table: each kind of device call,
-//! measured on the GPU, beside what the simulated H200 (`--device sim`) charges for the
-//! same calls.
+//! measured on the GPU, beside what the sim's cost model (`--costs`, the H200's by
+//! default) charges for the same calls.
 
 use memcast_alloc::replay::ReplayReport;
 

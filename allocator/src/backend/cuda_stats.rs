@@ -4,7 +4,8 @@
 //! Every device call that blocks the host (`cuMemAlloc`, `cuMemFree`, a growable
 //! segment's map or unmap, `cuMemHostAlloc`, `cuMemFreeHost`, synchronizations) is timed
 //! with the wall clock. Each sample keeps its size, so that the report can put next to
-//! it what [`CostModel::h200`] (the `sim` backend) charges for a call of the same size:
+//! it what a cost model of the `sim` backend ([`CostModel::h200`] unless the caller
+//! names another) charges for a call of the same size:
 //! `sim_total_us` is the sum of the sim's charges for exactly the calls measured.
 
 use std::sync::{Arc, Mutex};
@@ -99,10 +100,15 @@ impl CallStats {
         }
     }
 
-    /// Summaries, with the sim's charges for the same calls.
+    /// Summaries, with the charges of the sim's default model (the H200's) for the
+    /// same calls.
     pub fn report(&self) -> CudaCallReport {
+        self.report_with(&CostModel::h200())
+    }
+
+    /// Summaries, with what cost model `c` charges for the same calls.
+    pub fn report_with(&self, c: &CostModel) -> CudaCallReport {
         let g = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let c = CostModel::h200();
         let sim_for = |kind: CallKind, bytes: u64, pages: u32| -> Option<f64> {
             let pages = pages.max(1) as f64;
             match kind {
@@ -179,6 +185,11 @@ mod tests {
             Some(2.0 * CostModel::h200().map_page_us)
         );
         assert_eq!(r.sync.sim_total_us, None);
+        let h100 = CostModel::h100();
+        assert_eq!(
+            s.report_with(&h100).map.sim_total_us,
+            Some(2.0 * h100.map_page_us)
+        );
         assert_eq!(r.free, CallSummary::default());
         s.reset();
         assert_eq!(s.report().alloc.calls, 0);

@@ -1,7 +1,7 @@
 //! Replay on a real GPU (`--device cuda`): the policy's device calls go to
 //! [`CudaBackend`] (cuMemAlloc/cuMemFree, VMM maps and unmaps), and the report's
 //! `extra.cuda` holds the measured latency of each kind of call beside what the `sim`
-//! backend charges for exactly the same calls (`sim_total_us`, `sim_p50_us`), plus
+//! backend's cost model (`ReplayOptions::costs`) charges for exactly the same calls (`sim_total_us`, `sim_p50_us`), plus
 //! `extra.cuda.sim_device_time_us`, the sim's total for them, to compare with the
 //! measured `device_time_us`. No memory is touched: the replay measures the allocator
 //! and the driver, not kernels.
@@ -35,7 +35,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, Repla
     };
     // The allocator (and with it the backend) is dropped by `run`: its segments went
     // back to the device, which the counters also saw; report the calls of the replay.
-    let calls = stats.report();
+    let calls = stats.report_with(&opts.costs);
     let sim_total: f64 = [&calls.alloc, &calls.free, &calls.map, &calls.unmap]
         .iter()
         .filter_map(|c| c.sim_total_us)
