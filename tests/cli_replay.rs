@@ -141,6 +141,16 @@ fn costs_pick_the_simulated_gpu_and_a_bad_model_is_named() {
     std::fs::write(&bad, model.to_string()).unwrap();
     let err = common::fails(&["replay", &t, "--costs", bad.to_str().unwrap()]);
     assert!(err.contains("`h2d_pinned` row 1"), "{err}");
+    // A misspelt field is an error, not a default in its place.
+    let mut typo =
+        serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(&example).unwrap())
+            .unwrap();
+    let v = typo["map_page_us"].take();
+    typo.as_object_mut().unwrap().remove("map_page_us");
+    typo["map_pages_us"] = v;
+    std::fs::write(&bad, typo.to_string()).unwrap();
+    let err = common::fails(&["replay", &t, "--costs", bad.to_str().unwrap()]);
+    assert!(err.contains("unknown field `map_pages_us`"), "{err}");
     std::fs::write(&bad, "{\"malloc\": []}").unwrap();
     let err = common::fails(&["replay", &t, "--costs", bad.to_str().unwrap()]);
     assert!(

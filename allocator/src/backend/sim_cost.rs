@@ -12,6 +12,7 @@ type Table = [(f64, f64)];
 
 /// Host-blocking costs (microseconds) and bandwidths (GB/s), with the H200 defaults.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CostModel {
     /// (bytes, p50 us) for `cudaMalloc`.
     pub malloc: Vec<(f64, f64)>,
