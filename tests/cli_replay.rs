@@ -109,6 +109,14 @@ fn costs_pick_the_simulated_gpu_and_a_bad_model_is_named() {
         args.extend_from_slice(extra);
         replay_json(&args)["device_time_us"].as_f64().unwrap()
     };
+    let named = |extra: &[&str]| {
+        let mut args = vec!["replay", t.as_str(), "--json"];
+        args.extend_from_slice(extra);
+        replay_json(&args)["costs"].clone()
+    };
+    assert_eq!(named(&[]), "h200");
+    assert_eq!(named(&["--costs", "h100"]), "h100");
+    assert!(named(&["--device", "host"]).is_null());
     let h200 = time(&[]);
     let h100 = time(&["--costs", "h100"]);
     assert_eq!(time(&["--costs", "h200"]), h200);

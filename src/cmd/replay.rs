@@ -180,12 +180,22 @@ pub fn print_reports<R: serde::Serialize>(
     table: fn(&R),
 ) -> Result<()> {
     if args.json {
+        // Each object names the cost model its figures assumed, where one was used.
+        let costs = (args.budget.is_some() || !matches!(args.device, DeviceArg::Host))
+            .then(|| args.costs.clone().unwrap_or_else(|| "h200".into()));
+        let value = |r: &R| -> Result<serde_json::Value> {
+            let mut v = serde_json::to_value(r)?;
+            if let (Some(c), Some(o)) = (&costs, v.as_object_mut()) {
+                o.insert("costs".into(), c.clone().into());
+            }
+            Ok(v)
+        };
         if args.compare.is_empty() {
-            out!("{}", serde_json::to_string(&reports[0].1)?);
+            out!("{}", value(&reports[0].1)?);
         } else {
             let obj: serde_json::Map<String, serde_json::Value> = reports
                 .iter()
-                .map(|(n, r)| Ok((n.to_string(), serde_json::to_value(r)?)))
+                .map(|(n, r)| Ok((n.to_string(), value(r)?)))
                 .collect::<Result<_>>()?;
             out!("{}", serde_json::Value::Object(obj));
         }
