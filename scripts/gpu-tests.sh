@@ -24,6 +24,7 @@ rm -f "$MEMCAST_CUDA_REPORT"
 if [ -x "$here/cuda-tests" ]; then
     # Staged layout (scripts/stage-gpu.sh).
     cuda_tests="$here/cuda-tests"
+    cuda_measure="$here/cuda-measure"
     torch_tests="$here/torch-tests"
     memcast="$here/memcast"
     export MEMCAST_TORCH_LIB="$here/libmemcast_torch.so"
@@ -37,6 +38,8 @@ else
     cargo build --release -p memcast -p memcast-torch || exit 1
     cuda_tests=$(cargo test --release -p memcast-alloc --test cuda --no-run --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"]=="cuda"]' | tail -1)
+    cuda_measure=$(cargo test --release -p memcast-alloc --test cuda_measure --no-run --message-format=json 2>/dev/null \
+        | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"]=="cuda_measure"]' | tail -1)
     torch_tests=$(cargo test --release -p memcast-torch --lib --no-run --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"]=="memcast_torch"]' | tail -1)
     memcast="$root/target/release/memcast"
@@ -50,6 +53,8 @@ step() { echo "== $1"; }
 
 step "Rust: CUDA backend tests (allocator/tests/cuda.rs)"
 "$cuda_tests" --include-ignored --test-threads=1 --nocapture 2>&1 | tee "$out/rust-cuda-tests.log" || status=1
+step "Rust: CUDA measurements (allocator/tests/cuda_measure.rs)"
+"$cuda_measure" --test-threads=1 --nocapture 2>&1 | tee "$out/rust-cuda-measure.log" || status=1
 step "Rust: memcast_torch library tests"
 "$torch_tests" --test-threads=1 2>&1 | tee "$out/rust-torch-tests.log" || status=1
 step "Python: memcast_torch tests"

@@ -10,9 +10,11 @@ cd "$root"
 cargo build --release -p memcast -p memcast-torch
 pick() { python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"]==sys.argv[1]]' "$1" | tail -1; }
 cuda_tests=$(cargo test --release -p memcast-alloc --test cuda --no-run --message-format=json | pick cuda)
+cuda_measure=$(cargo test --release -p memcast-alloc --test cuda_measure --no-run --message-format=json | pick cuda_measure)
 torch_tests=$(cargo test --release -p memcast-torch --lib --no-run --message-format=json | pick memcast_torch)
 mkdir -p "$dir/traces"
 cp "$cuda_tests" "$dir/cuda-tests"
+cp "$cuda_measure" "$dir/cuda-measure"
 cp "$torch_tests" "$dir/torch-tests"
 cp target/release/memcast target/release/libmemcast_torch.so "$dir/"
 rm -rf "$dir/python" && cp -r allocator/torch/python "$dir/python"
@@ -28,7 +30,7 @@ ldd target/release/memcast | awk '/=> \//{print $3}' \
     | xargs -r -I{} cp -L {} "$dir/lib/"
 # Debug info is not needed there (and the carried folder is size-limited).
 if command -v strip >/dev/null; then
-    strip --strip-debug "$dir/cuda-tests" "$dir/torch-tests" "$dir/memcast" "$dir/libmemcast_torch.so"
+    strip --strip-debug "$dir/cuda-tests" "$dir/cuda-measure" "$dir/torch-tests" "$dir/memcast" "$dir/libmemcast_torch.so"
 fi
 du -sh "$dir"
 echo "staged in $dir"

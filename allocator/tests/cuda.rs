@@ -6,9 +6,10 @@
 //! `scripts/gpu-tests.sh` sets `MEMCAST_REQUIRE_GPU=1`: then a missing driver fails the
 //! GPU tests instead of skipping them, so a broken setup cannot pass silently. Run them
 //! one at a time (`--test-threads=1`): the timing tests measure the whole GPU.
-//! `MEMCAST_CUDA_REPORT=FILE` appends the measured figures as JSON lines.
+//! `MEMCAST_CUDA_REPORT=FILE` appends the measured figures as JSON lines. The measuring
+//! tests that check nothing (device call costs, copy bandwidths) are in
+//! `cuda_measure.rs`.
 
-use std::io::Write;
 use std::time::Instant;
 
 use memcast_alloc::backend::cuda::CudaBackend;
@@ -16,33 +17,8 @@ use memcast_alloc::backend::layers::Limit;
 use memcast_alloc::backend::{BackendError, DeviceBackend, MemRef, StreamPriority};
 use memcast_alloc::{AllocConfig, AllocError, Allocator};
 
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
-
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(BackendError::NoDriver) if std::env::var_os("MEMCAST_REQUIRE_GPU").is_none() => {
-            eprintln!("skipped: no CUDA driver found");
-            None
-        }
-        Err(e) => panic!("CUDA backend unavailable: {e}"),
-    }
-}
-
-fn report(name: &str, v: serde_json::Value) {
-    let line = serde_json::json!({ "test": name, "figures": v });
-    println!("{line}");
-    if let Some(p) = std::env::var_os("MEMCAST_CUDA_REPORT") {
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
-        {
-            let _ = writeln!(f, "{line}");
-        }
-    }
-}
+mod cuda_common;
+use cuda_common::{bandwidth, gpu, report, GIB, MIB};
 
 /// A deterministic generator (xorshift64*), so that a failing program can be rerun.
 struct Rng(u64);
@@ -596,32 +572,20 @@ fn predictive_under_a_cap<B: DeviceBackend>(
     })
 }
 
-/// GB/s of `reps` copies of `bytes` on `stream`.
-fn bandwidth(b: &mut CudaBackend, dst: MemRef, src: MemRef, bytes: u64, reps: u32) -> f64 {
-    let s = b.create_stream(StreamPriority::Low).unwrap();
-    b.copy(dst, src, bytes, Some(s)).unwrap();
-    b.synchronize_stream(s).unwrap();
-    let t = Instant::now();
-    for _ in 0..reps {
-        b.copy(dst, src, bytes, Some(s)).unwrap();
-    }
-    b.synchronize_stream(s).unwrap();
-    (bytes * reps as u64) as f64 / t.elapsed().as_secs_f64() / 1e9
-}
-
 #[test]
 fn pinned_copies_reach_90_percent_of_55_gbps() {
     let Some(mut b) = gpu() else { return };
     let n = GIB;
     let d = b.allocate(n, 0).unwrap();
     let h = b.allocate_host(n, true).unwrap();
-    let h2d = bandwidth(&mut b, MemRef::Device(d), MemRef::Host(h), n, 8);
-    let d2h = bandwidth(&mut b, MemRef::Host(h), MemRef::Device(d), n, 8);
+    let s = b.create_stream(StreamPriority::Low).unwrap();
+    let h2d = bandwidth(&mut b, s, MemRef::Device(d), MemRef::Host(h), n, 8);
+    let d2h = bandwidth(&mut b, s, MemRef::Host(h), MemRef::Device(d), n, 8);
     let small = 2 * MIB;
-    let h2d_2m = bandwidth(&mut b, MemRef::Device(d), MemRef::Host(h), small, 200);
+    let h2d_2m = bandwidth(&mut b, s, MemRef::Device(d), MemRef::Host(h), small, 200);
     let p = b.allocate_host(256 * MIB, false).unwrap();
-    let h2d_pageable = bandwidth(&mut b, MemRef::Device(d), MemRef::Host(p), 256 * MIB, 4);
-    let d2h_pageable = bandwidth(&mut b, MemRef::Host(p), MemRef::Device(d), 256 * MIB, 4);
+    let h2d_pageable = bandwidth(&mut b, s, MemRef::Device(d), MemRef::Host(p), 256 * MIB, 4);
+    let d2h_pageable = bandwidth(&mut b, s, MemRef::Host(p), MemRef::Device(d), 256 * MIB, 4);
     report(
         "pinned_copies",
         serde_json::json!({
@@ -681,126 +645,4 @@ fn low_priority_transfer_overlaps_a_compute_kernel() {
     );
     b.deallocate_host(h, n).unwrap();
     b.deallocate(d, n, 0).unwrap();
-}
-
-/// Not a check: copy bandwidths (GB/s) at the sizes of the sim's tables
-/// (`sim_cost::CostModel`: 2 MiB, 64 MiB, 1 GiB) for each copy kind, and the total of
-/// 1 GiB copies in both directions at once on two streams, printed in the cost model's
-/// own field names so that a cost model for another GPU is read off the output.
-#[test]
-fn measure_copy_bandwidths() {
-    let Some(mut b) = gpu() else { return };
-    let sizes = [(2 * MIB, 100u32), (64 * MIB, 16), (GIB, 4)];
-    let d = b.allocate(GIB, 0).unwrap();
-    let d2 = b.allocate(GIB, 0).unwrap();
-    let pinned = b.allocate_host(GIB, true).unwrap();
-    let pageable = b.allocate_host(GIB, false).unwrap();
-    let (dev, dev2) = (MemRef::Device(d), MemRef::Device(d2));
-    let (pin, page) = (MemRef::Host(pinned), MemRef::Host(pageable));
-    let mut table = |dst: MemRef, src: MemRef, scale: u32| -> serde_json::Value {
-        let rows: Vec<_> = sizes
-            .iter()
-            .map(|&(n, reps)| {
-                let gbps = bandwidth(&mut b, dst, src, n, (reps / scale).max(2));
-                serde_json::json!([n as f64, gbps])
-            })
-            .collect();
-        serde_json::Value::Array(rows)
-    };
-    let h2d_pinned = table(dev, pin, 1);
-    let d2h_pinned = table(pin, dev, 1);
-    let h2d_pageable = table(dev, page, 2);
-    let d2h_pageable = table(page, dev, 2);
-    let d2d = table(dev2, dev, 1);
-    // Both directions at once: 4 x 1 GiB in on one stream, 4 x 1 GiB out on another.
-    let (s_in, s_out) = (
-        b.create_stream(StreamPriority::Low).unwrap(),
-        b.create_stream(StreamPriority::Low).unwrap(),
-    );
-    let h2 = b.allocate_host(GIB, true).unwrap();
-    b.synchronize_device().unwrap();
-    let t = Instant::now();
-    for _ in 0..4 {
-        b.copy(dev, pin, GIB, Some(s_in)).unwrap();
-        b.copy(MemRef::Host(h2), dev2, GIB, Some(s_out)).unwrap();
-    }
-    b.synchronize_stream(s_in).unwrap();
-    b.synchronize_stream(s_out).unwrap();
-    let duplex = (8 * GIB) as f64 / t.elapsed().as_secs_f64() / 1e9;
-    report(
-        "copy_bandwidths",
-        serde_json::json!({
-            "h2d_pinned": h2d_pinned, "d2h_pinned": d2h_pinned,
-            "h2d_pageable": h2d_pageable, "d2h_pageable": d2h_pageable,
-            "d2d": d2d, "duplex_gbps": duplex,
-        }),
-    );
-    b.deallocate_host(h2, GIB).unwrap();
-    b.deallocate_host(pageable, GIB).unwrap();
-    b.deallocate_host(pinned, GIB).unwrap();
-    b.deallocate(d2, GIB, 0).unwrap();
-    b.deallocate(d, GIB, 0).unwrap();
-}
-
-/// Grows a growable segment by `chunk` `reps` times, then shrinks it back chunk by chunk.
-fn measure_growable(b: &mut CudaBackend, page: u64, chunk: u64, reps: u64) -> serde_json::Value {
-    b.call_stats().reset();
-    let base = b.reserve_growable(8 * GIB).unwrap();
-    for i in 0..reps {
-        b.grow(base, i * chunk, chunk).unwrap();
-    }
-    for i in (0..reps).rev() {
-        b.shrink(base, (i + 1) * chunk, chunk).unwrap();
-    }
-    b.release_growable(base, 0).unwrap();
-    let r = b.call_report();
-    serde_json::json!({"page": page, "growable_chunk": chunk, "map": r.map, "unmap": r.unmap})
-}
-
-/// Not a check: measures the device calls the allocator makes (cuMemAlloc/cuMemFree by
-/// size, map/unmap per page, cuMemHostAlloc) and reports them beside the sim's costs.
-#[test]
-fn measure_device_call_latencies() {
-    let Some(mut b) = gpu() else { return };
-    let mut rows = Vec::new();
-    for (size, reps) in [
-        (512u64, 50),
-        (64 << 10, 50),
-        (2 * MIB, 50),
-        (20 * MIB, 50),
-        (256 * MIB, 20),
-        (GIB, 10),
-    ] {
-        b.call_stats().reset();
-        let ptrs: Vec<_> = (0..reps).map(|_| b.allocate(size, 0).unwrap()).collect();
-        for p in ptrs {
-            b.deallocate(p, size, 0).unwrap();
-        }
-        let r = b.call_report();
-        rows.push(serde_json::json!({"size": size, "alloc": r.alloc, "free": r.free}));
-    }
-    let g = b.granularity();
-    for (chunk, reps) in [(g, 50u64), (32 * MIB, 20), (256 * MIB, 5)] {
-        rows.push(measure_growable(&mut b, g, chunk, reps));
-    }
-    // Larger pages: one cuMemCreate + cuMemMap per 32 MiB.
-    let mut big = CudaBackend::new(0).unwrap();
-    big.set_page_size(32 * MIB).unwrap();
-    assert!(big.set_page_size(3 * MIB).is_err());
-    for (chunk, reps) in [(32 * MIB, 20u64), (256 * MIB, 5)] {
-        rows.push(measure_growable(&mut big, 32 * MIB, chunk, reps));
-    }
-    drop(big);
-    for (size, reps) in [(2 * MIB, 10), (256 * MIB, 2)] {
-        b.call_stats().reset();
-        let hs: Vec<_> = (0..reps)
-            .map(|_| b.allocate_host(size, true).unwrap())
-            .collect();
-        for h in hs {
-            b.deallocate_host(h, size).unwrap();
-        }
-        let r = b.call_report();
-        rows.push(serde_json::json!({"pinned_size": size, "host_alloc": r.host_alloc, "host_free": r.host_free}));
-    }
-    report("device_call_latencies", serde_json::Value::Array(rows));
 }

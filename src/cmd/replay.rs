@@ -67,7 +67,8 @@ pub enum ForecasterArg {
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
 pub enum DeviceArg {
-    /// Simulated H200: any capacity, measured device-call costs, no real memory.
+    /// Simulated GPU: an H200's capacity, the measured device-call and copy costs of
+    /// --costs (the H200's by default), no real memory.
     Sim,
     /// Real host memory (pages are touched only when written).
     Host,

@@ -1,6 +1,7 @@
-//! `sim`: a simulated device with no memory and the costs of an NVIDIA H200.
+//! `sim`: a simulated device with no memory and the measured costs of a GPU
+//! ([`CostModel`]: an NVIDIA H200's by default, `CostModel::h100` an H100's).
 //!
-//! Every constant was measured on an NVIDIA H200 (p50 host wall time per call,
+//! The default constants were measured on an NVIDIA H200 (p50 host wall time per call,
 //! copy bandwidths measured with CUDA events). Between measured sizes the cost is
 //! interpolated linearly in log(size); outside them it is clamped to the nearest point.
 //!

@@ -190,7 +190,8 @@ pub struct ReplayOptions {
     pub forecaster: ReplayForecaster,
     /// Record `ReplayReport::timeline` (reserved and requested bytes over time).
     pub timeline: bool,
-    /// The simulated device's call costs (`Device::Sim`): the H200's by default.
+    /// The simulated device's call costs (`Device::Sim`; beside the measured calls of
+    /// `Device::Cuda`): the H200's by default. Its capacity is `sim_capacity`.
     pub costs: crate::backend::sim::CostModel,
 }
 
@@ -251,7 +252,7 @@ pub struct ReplayReport {
     pub fragmentation_at_peak: f64,
     pub events_per_sec: f64,
     pub wall_secs: f64,
-    /// Host time blocked in device calls (sim: modelled H200 costs).
+    /// Host time blocked in device calls (sim: the cost model's, the H200's by default).
     pub device_time_us: f64,
     /// Rounded minus requested bytes when requested bytes peaked.
     pub internal_waste_at_peak: u64,
@@ -285,6 +286,9 @@ pub enum ReplayError {
         #[source]
         source: AllocError,
     },
+    /// `ReplayOptions::costs` is not a usable cost model (`CostModel::validate`).
+    #[error("cost model: {0}")]
+    Costs(String),
 }
 
 /// An allocator under replay: allocation by opaque handle, with the metrics.
@@ -396,6 +400,7 @@ impl<B: DeviceBackend> ReplayTarget for Allocator<B> {
 
 /// Replays `trace` with `opts`.
 pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, ReplayError> {
+    opts.costs.validate().map_err(ReplayError::Costs)?;
     let mut o = opts.clone();
     if o.host_capacity == 0 {
         o.host_capacity = memcast_trace::stats::peaks(trace).requested / 2 * 3 + (1 << 30);

@@ -123,6 +123,9 @@ pub use super::report::TierReport;
 pub enum TierReplayError {
     #[error("{what}")]
     Trace { what: String },
+    /// `TierReplayOptions::costs` is not a usable cost model (`CostModel::validate`).
+    #[error("cost model: {0}")]
+    Costs(String),
     #[error("{0}")]
     Stats(#[from] memcast_trace::TraceError),
     #[error("setup: {0}")]
@@ -134,6 +137,7 @@ pub fn replay_budgeted(
     trace: &Trace,
     opts: &TierReplayOptions,
 ) -> Result<TierReport, TierReplayError> {
+    opts.costs.validate().map_err(TierReplayError::Costs)?;
     let spread;
     let trace = if opts.spread_waits {
         spread = memcast_trace::timeline::spread_final_waits(trace);
@@ -503,7 +507,7 @@ fn run<B: DeviceBackend>(
         .saturating_sub(1)
         .max(1) as f64;
     // Pinned copies, both directions at once: the measured duplex total, halved.
-    let duplex = opts.costs.duplex_gbps / 2.0 * 1e3;
+    let duplex = LinkModel::from_costs(&opts.costs).out_bytes_per_us;
     let link_us = iterations * peak.saturating_sub(budget) as f64 / duplex;
     let link_floor_us = (link_us - compute_us).max(0.0);
     let peak_floor_us =

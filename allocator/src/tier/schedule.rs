@@ -149,7 +149,7 @@ impl LinkModel {
         LinkModel {
             out_bytes_per_us: each,
             in_bytes_per_us: each,
-            latency_us: 2.0,
+            latency_us: c.copy_latency_us,
             occupancy: false,
         }
     }

@@ -62,7 +62,8 @@ pub trait SpillPolicy: Send {
 }
 
 /// `cost = bytes / D2H bandwidth + bytes / H2D bandwidth + recompute_us x recompute_prob`,
-/// bandwidths interpolated in the measured H200 table for the tier the copy would use.
+/// bandwidths interpolated in the cost model's measured table (the H200's by default) for
+/// the tier the copy would use.
 #[derive(Debug, Clone, Default)]
 pub struct LinkCost {
     /// The measured constants (`CostModel::default()` is the H200's).
