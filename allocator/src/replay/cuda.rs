@@ -1,9 +1,9 @@
 //! Replay on a real GPU (`--device cuda`): the policy's device calls go to
 //! [`CudaBackend`] (cuMemAlloc/cuMemFree, VMM maps and unmaps), and the report's
 //! `extra.cuda` holds the measured latency of each kind of call beside what the `sim`
-//! backend's cost model (`ReplayOptions::costs`) charges for exactly the same calls (`sim_total_us`, `sim_p50_us`), plus
-//! `extra.cuda.sim_device_time_us`, the sim's total for them, to compare with the
-//! measured `device_time_us`. No memory is touched: the replay measures the allocator
+//! backend's cost model (`ReplayOptions::costs`) charges for exactly the same calls
+//! (`sim_total_us`, `sim_p50_us`), plus `extra.cuda.sim_device_time_us`, the sim's
+//! total for them, to compare with the measured `device_time_us`. No memory is touched: the replay measures the allocator
 //! and the driver, not kernels.
 
 use memcast_trace::Trace;
