@@ -95,6 +95,11 @@ impl<B: DeviceBackend> TierManager<B> {
         cfg.validate()?;
         let staging = StagingPool::new(alloc.backend_mut(), cfg.staging_bytes)?;
         let pipe = Pipeline::new(alloc.backend_mut())?;
+        // The drop-or-spill rule prices copies as the spill cost does, where it says how.
+        let mut recompute = super::recompute::Recompute::default();
+        if let Some(m) = cost.cost_model() {
+            recompute.set_model(m.clone());
+        }
         Ok(TierManager {
             alloc,
             cfg,
@@ -113,7 +118,7 @@ impl<B: DeviceBackend> TierManager<B> {
             demand: None,
             planner: None,
             logical: 0,
-            recompute: Default::default(),
+            recompute,
         })
     }
 

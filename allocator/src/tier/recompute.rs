@@ -110,7 +110,7 @@ pub(crate) struct Recompute<B: DeviceBackend> {
     // Invariant: registered, not in `nodes`, with dependents, every one of them dropped.
     retained: HashSet<TensorHandle>,
     /// Copy times of the sim's measured link (the cost rule).
-    model: CostModel,
+    pub(crate) model: CostModel,
 }
 
 impl<B: DeviceBackend> Default for Recompute<B> {
@@ -126,6 +126,12 @@ impl<B: DeviceBackend> Default for Recompute<B> {
 }
 
 impl<B: DeviceBackend> Recompute<B> {
+    /// The link costs the drop-or-spill rule compares recomputation with (default: the
+    /// H200's; the manager sets its spill cost's, [`super::spill::MigrationCost::cost_model`]).
+    pub(crate) fn set_model(&mut self, model: CostModel) {
+        self.model = model;
+    }
+
     /// Unlinks `h`'s own node (its inputs no longer list it); the retained inputs left
     /// with no dependent go to `orphans`.
     fn forget(&mut self, h: TensorHandle, orphans: &mut Vec<TensorHandle>) {
@@ -157,12 +163,6 @@ impl<B: DeviceBackend> TierManager<B> {
     /// Sets what recomputes dropped tensors. Without one nothing is dropped.
     pub fn set_producer(&mut self, p: Box<dyn Producer<B>>) {
         self.recompute.producer = Some(p);
-    }
-
-    /// Sets the link costs the drop-or-spill rule compares recomputation with (default:
-    /// the H200's).
-    pub fn set_cost_model(&mut self, model: CostModel) {
-        self.recompute.model = model;
     }
 
     /// Declares `h` recomputable from `inputs` (its producer's inputs, registered), in

@@ -151,3 +151,33 @@ fn synthetic_tensors_are_recomputed_with_their_cost_charged() {
         }
     }
 }
+
+/// The drop-or-spill rule prices copies with the spill cost's own measured link, so a
+/// manager given the H100's costs does not keep the H200's for recomputation.
+#[test]
+fn the_recompute_rule_takes_the_spill_costs_model() {
+    use crate::backend::sim::{CostModel, SimBackend};
+    let alloc = Allocator::new(
+        SimBackend::new(1 << 30, Default::default()),
+        AllocConfig::default(),
+    )
+    .unwrap();
+    let cfg = TierConfig {
+        budget: 1 << 30,
+        staging_bytes: 64 << 20,
+        ..TierConfig::default()
+    };
+    let cost = super::spill::LinkCost {
+        model: CostModel::h100(),
+    };
+    let m = TierManager::with_policies(
+        alloc,
+        cfg,
+        Box::new(super::spill::LruK::default()),
+        Box::new(cost),
+        Box::new(super::prefetch::NoPrefetch),
+    )
+    .unwrap();
+    assert_eq!(m.recompute.model, CostModel::h100());
+    assert_ne!(CostModel::h100(), CostModel::default());
+}

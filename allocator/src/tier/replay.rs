@@ -239,7 +239,6 @@ fn run<B: DeviceBackend>(
         prefetch,
     )
     .map_err(TierReplayError::Setup)?;
-    m.set_cost_model(opts.costs.clone());
     if let Some((fk, actions)) = opts.predictive {
         // The oracle reads the events the manager will feed: registrations of
         // non-empty tensors, their frees, the boundaries.

@@ -40,6 +40,11 @@ pub struct Candidate {
 /// tensors; it need not be a time the device will actually spend.
 pub trait MigrationCost: Send {
     fn cost_us(&self, c: &Candidate) -> f64;
+    /// The measured link costs behind this cost, if it has them: the manager's
+    /// drop-or-spill rule then uses the same ones.
+    fn cost_model(&self) -> Option<&CostModel> {
+        None
+    }
 }
 
 /// Chooses victims. Implementations return indices into `cands` in the order they
@@ -83,6 +88,9 @@ impl MigrationCost for LinkCost {
         self.model.copy_us(out, c.bytes)
             + self.model.copy_us(back, c.bytes)
             + c.recompute_us * c.recompute_prob
+    }
+    fn cost_model(&self) -> Option<&CostModel> {
+        Some(&self.model)
     }
 }
 
