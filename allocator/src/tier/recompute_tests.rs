@@ -12,6 +12,21 @@ use super::replay::{replay_budgeted, Budget, TierReplayOptions};
 use super::tests::{manager, pattern, read, write, Produced, TestProducer};
 use super::TierConfig;
 
+/// An allocator on a simulated 1 GiB device and tier settings for it: a manager's parts.
+fn sim_parts() -> (Allocator<crate::backend::sim::SimBackend>, TierConfig) {
+    let alloc = Allocator::new(
+        crate::backend::sim::SimBackend::new(1 << 30, Default::default()),
+        AllocConfig::default(),
+    )
+    .unwrap();
+    let cfg = TierConfig {
+        budget: 1 << 30,
+        staging_bytes: 64 << 20,
+        ..TierConfig::default()
+    };
+    (alloc, cfg)
+}
+
 /// A dropped tensor holds no device or host bytes, and is served only recomputed: its
 /// producer runs (the bytes are back), its cost is charged, and on a simulated device
 /// the clock moves by it.
@@ -83,17 +98,7 @@ fn a_dropped_tensor_is_served_recomputed_and_charged() {
     m.shutdown().unwrap();
 
     // The clock: a simulated device's compute stream runs the recompute.
-    use crate::backend::sim::SimBackend;
-    let alloc = Allocator::new(
-        SimBackend::new(1 << 30, Default::default()),
-        AllocConfig::default(),
-    )
-    .unwrap();
-    let cfg = TierConfig {
-        budget: 1 << 30,
-        staging_bytes: 64 << 20,
-        ..TierConfig::default()
-    };
+    let (alloc, cfg) = sim_parts();
     let mut m = TierManager::new(alloc, cfg).unwrap();
     m.set_producer(Box::new(super::recompute::TimeOnly));
     let h = m.register(1 << 20, opts).unwrap();
@@ -156,17 +161,8 @@ fn synthetic_tensors_are_recomputed_with_their_cost_charged() {
 /// manager given the H100's costs does not keep the H200's for recomputation.
 #[test]
 fn the_recompute_rule_takes_the_spill_costs_model() {
-    use crate::backend::sim::{CostModel, SimBackend};
-    let alloc = Allocator::new(
-        SimBackend::new(1 << 30, Default::default()),
-        AllocConfig::default(),
-    )
-    .unwrap();
-    let cfg = TierConfig {
-        budget: 1 << 30,
-        staging_bytes: 64 << 20,
-        ..TierConfig::default()
-    };
+    use crate::backend::sim::CostModel;
+    let (alloc, cfg) = sim_parts();
     let cost = super::spill::LinkCost {
         model: CostModel::h100(),
     };
