@@ -182,8 +182,7 @@ pub fn print_reports<R: serde::Serialize>(
 ) -> Result<()> {
     if args.json {
         // Each object names the cost model its figures assumed, where one was used.
-        let costs = (args.budget.is_some() || !matches!(args.device, DeviceArg::Host))
-            .then(|| args.costs.clone().unwrap_or_else(|| "h200".into()));
+        let costs = costs_apply(args).then(|| args.costs.clone().unwrap_or_else(|| "h200".into()));
         let value = |r: &R| -> Result<serde_json::Value> {
             let mut v = serde_json::to_value(r)?;
             if let (Some(c), Some(o)) = (&costs, v.as_object_mut()) {
@@ -250,7 +249,7 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
     if args.watermarks.is_some() && args.budget.is_none() {
         bail!("--watermarks applies to a replay under --budget only");
     }
-    if args.costs.is_some() && args.budget.is_none() && matches!(args.device, DeviceArg::Host) {
+    if args.costs.is_some() && !costs_apply(args) {
         bail!("--costs applies to --device sim or cuda, or to a replay under --budget");
     }
     if args.budget.is_none() && ps.contains(&PolicyArg::Reactive) {
@@ -296,6 +295,13 @@ pub fn alloc_config(args: &ReplayArgs, base: AllocConfig) -> Result<AllocConfig>
         config.model = Some(m.display().to_string());
     }
     Ok(config)
+}
+
+/// Whether a cost model enters the figures: the simulated device's, the calls of
+/// `--device cuda` compared with it, or the link under --budget (not `--device host`
+/// alone).
+fn costs_apply(args: &ReplayArgs) -> bool {
+    args.budget.is_some() || !matches!(args.device, DeviceArg::Host)
 }
 
 /// The cost model `--costs` names: a built-in one by name, or a JSON file, checked

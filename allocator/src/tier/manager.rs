@@ -98,7 +98,7 @@ impl<B: DeviceBackend> TierManager<B> {
         // The drop-or-spill rule prices copies as the spill cost does, where it says how.
         let mut recompute = super::recompute::Recompute::default();
         if let Some(m) = cost.cost_model() {
-            recompute.set_model(m.clone());
+            recompute.model = m.clone();
         }
         Ok(TierManager {
             alloc,

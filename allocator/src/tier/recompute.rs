@@ -109,7 +109,8 @@ pub(crate) struct Recompute<B: DeviceBackend> {
     /// Inputs the caller freed, kept for their dropped dependents.
     // Invariant: registered, not in `nodes`, with dependents, every one of them dropped.
     retained: HashSet<TensorHandle>,
-    /// Copy times of the sim's measured link (the cost rule).
+    /// Copy times of the sim's measured link (the cost rule): the H200's unless the
+    /// manager's spill cost names others ([`super::spill::MigrationCost::cost_model`]).
     pub(crate) model: CostModel,
 }
 
@@ -126,12 +127,6 @@ impl<B: DeviceBackend> Default for Recompute<B> {
 }
 
 impl<B: DeviceBackend> Recompute<B> {
-    /// The link costs the drop-or-spill rule compares recomputation with (default: the
-    /// H200's; the manager sets its spill cost's, [`super::spill::MigrationCost::cost_model`]).
-    pub(crate) fn set_model(&mut self, model: CostModel) {
-        self.model = model;
-    }
-
     /// Unlinks `h`'s own node (its inputs no longer list it); the retained inputs left
     /// with no dependent go to `orphans`.
     fn forget(&mut self, h: TensorHandle, orphans: &mut Vec<TensorHandle>) {
