@@ -12,8 +12,9 @@
 
 use std::time::Instant;
 
-use memcast_alloc::backend::cuda::CudaBackend;
+use memcast_alloc::backend::cuda::{self, CudaBackend};
 use memcast_alloc::backend::layers::Limit;
+use memcast_alloc::backend::sim::CostModel;
 use memcast_alloc::backend::{BackendError, DeviceBackend, MemRef, StreamPriority};
 use memcast_alloc::{AllocConfig, AllocError, Allocator};
 
@@ -49,6 +50,28 @@ fn no_driver_is_a_typed_error() {
             // A device that does not exist is an error, not a panic.
             assert!(matches!(
                 CudaBackend::new(1 << 20),
+                Err(BackendError::Invalid(_))
+            ));
+        }
+    }
+}
+
+/// The driver's name of the GPU, and the cost model it picks: these tests run on the
+/// GPUs the built-in models were measured on (H100, H200), so one must be picked.
+#[test]
+fn the_gpu_is_named_and_picks_its_cost_model() {
+    match cuda::gpu_name(0) {
+        Err(BackendError::NoDriver) if std::env::var_os("MEMCAST_REQUIRE_GPU").is_none() => {
+            eprintln!("skipped: no CUDA driver found")
+        }
+        Err(e) => panic!("no name: {e}"),
+        Ok(name) => {
+            eprintln!("GPU 0: {name}");
+            assert!(name.starts_with("NVIDIA "), "{name:?}");
+            let (model, _) = CostModel::for_gpu(&name).expect("an H100 or H200");
+            eprintln!("cost model: {model}");
+            assert!(matches!(
+                cuda::gpu_name(1 << 20),
                 Err(BackendError::Invalid(_))
             ));
         }

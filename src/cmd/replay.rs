@@ -101,10 +101,17 @@ pub struct ReplayArgs {
     /// The simulated device's costs (device calls, copies, the link both ways), used by
     /// `--device sim`, set beside the measured calls of `--device cuda`, and under
     /// --budget by the policies and floors on every device:
-    /// `h200` (the default) or `h100`, each measured on that GPU, or a JSON file of a
-    /// cost model (its fields: docs/cost-model-h100.json).
+    /// `h200` or `h100`, each measured on that GPU, or a JSON file of a cost model (its
+    /// fields: docs/cost-model-h100.json). Default: under `--device cuda` the model of
+    /// the GPU the driver names (the H200's, with a warning, for another GPU), else
+    /// the H200's.
     #[arg(long, value_name = "h200|h100|FILE")]
     pub costs: Option<String>,
+    /// Replay at the trace's own pace (it takes the trace's span): predictive mode
+    /// keeps its forecast thread, so forecasts arrive as late as in the job. Without
+    /// it, as fast as possible with the forecaster in step. Not under --budget.
+    #[arg(long)]
+    pub real_time: bool,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -177,12 +184,13 @@ impl ReplayImportArgs {
 /// `--json`, else a table each.
 pub fn print_reports<R: serde::Serialize>(
     args: &ReplayArgs,
+    costs: &Costs,
     reports: &[(&str, R)],
     table: fn(&R),
 ) -> Result<()> {
     if args.json {
         // Each object names the cost model its figures assumed, where one was used.
-        let costs = costs_apply(args).then(|| args.costs.clone().unwrap_or_else(|| "h200".into()));
+        let costs = costs_apply(args).then(|| costs.label.clone());
         let value = |r: &R| -> Result<serde_json::Value> {
             let mut v = serde_json::to_value(r)?;
             if let (Some(c), Some(o)) = (&costs, v.as_object_mut()) {
@@ -205,6 +213,12 @@ pub fn print_reports<R: serde::Serialize>(
                 out!("");
             }
             table(r);
+        }
+        if matches!(args.device, DeviceArg::Cuda) {
+            out!(
+                "costs             {} (the model beside the measured calls)",
+                costs.label
+            );
         }
     }
     Ok(())
@@ -248,6 +262,9 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
     }
     if args.watermarks.is_some() && args.budget.is_none() {
         bail!("--watermarks applies to a replay under --budget only");
+    }
+    if args.real_time && args.budget.is_some() {
+        bail!("--real-time applies to a replay without --budget only");
     }
     if args.costs.is_some() && !costs_apply(args) {
         bail!("--costs applies to --device sim or cuda, or to a replay under --budget");
@@ -304,21 +321,66 @@ fn costs_apply(args: &ReplayArgs) -> bool {
     args.budget.is_some() || !matches!(args.device, DeviceArg::Host)
 }
 
+/// A replay's cost model and the label its JSON carries (`costs`).
+pub struct Costs {
+    pub label: String,
+    pub model: CostModel,
+}
+
 /// The cost model `--costs` names: a built-in one by name, or a JSON file, checked
-/// before use (`CostModel::validate`).
-pub fn cost_model(args: &ReplayArgs) -> Result<CostModel> {
+/// before use (`CostModel::validate`). Without `--costs`: under `--device cuda` the
+/// model measured on the GPU the driver names (the H200's, with a warning, for a GPU
+/// without one), else the H200's.
+pub fn cost_model(args: &ReplayArgs) -> Result<Costs> {
     let Some(spec) = &args.costs else {
-        return Ok(CostModel::default());
+        if matches!(args.device, DeviceArg::Cuda) {
+            return Ok(detected_costs());
+        }
+        return Ok(Costs {
+            label: "h200".into(),
+            model: CostModel::default(),
+        });
     };
     if let Some(c) = CostModel::named(spec) {
-        return Ok(c);
+        return Ok(Costs {
+            label: spec.to_ascii_lowercase(),
+            model: c,
+        });
     }
     let text = std::fs::read_to_string(spec)
         .with_context(|| format!("--costs {spec}: not h200 or h100, and not a file to read"))?;
     let c: CostModel =
         serde_json::from_str(&text).with_context(|| format!("{spec}: not a cost model"))?;
     c.validate().map_err(|e| anyhow::anyhow!("{spec}: {e}"))?;
-    Ok(c)
+    Ok(Costs {
+        label: spec.clone(),
+        model: c,
+    })
+}
+
+/// The built-in model of GPU 0 by its driver name. A GPU without one, or a name the
+/// driver cannot give (the replay itself then reports why the GPU is unusable), gets
+/// the H200's, with a warning on stderr.
+fn detected_costs() -> Costs {
+    let name = memcast_alloc::backend::cuda::gpu_name(0);
+    match name.as_deref().ok().and_then(CostModel::for_gpu) {
+        Some((label, model)) => Costs {
+            label: label.into(),
+            model,
+        },
+        None => {
+            if let Ok(n) = &name {
+                eprintln!(
+                    "warning: no cost model was measured on a {n}; the measured calls are \
+                     set beside the H200's costs (--costs h200|h100|FILE chooses)"
+                );
+            }
+            Costs {
+                label: "h200".into(),
+                model: CostModel::default(),
+            }
+        }
+    }
 }
 
 pub fn forecaster(args: &ReplayArgs) -> ReplayForecaster {
@@ -358,7 +420,8 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             config: config.clone(),
             check_every: args.check_every,
             forecaster: forecaster(&args),
-            costs: costs.clone(),
+            costs: costs.model.clone(),
+            real_time: args.real_time,
             ..Default::default()
         };
         let busy = super::progress::Busy::new(format!(
@@ -372,7 +435,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         drop(busy);
         reports.push((p.name(), report));
     }
-    print_reports(&args, &reports, print_table)?;
+    print_reports(&args, &costs, &reports, print_table)?;
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! The `--device cuda` part of `memcast replay`'s table: each kind of device call,
-//! measured on the GPU, beside what the sim's cost model (`--costs`, the H200's by
-//! default) charges for the same calls.
+//! measured on the GPU, beside what the sim's cost model (`--costs`; by default the
+//! model measured on the GPU the driver names) charges for the same calls.
 
 use memcast_alloc::replay::ReplayReport;
 

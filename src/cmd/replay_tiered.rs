@@ -65,7 +65,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
             prefetch: !args.no_prefetch,
             arena: !args.no_arena,
             spread_waits: args.spread_waits,
-            costs: costs.clone(),
+            costs: costs.model.clone(),
             check_every: args.check_every,
             alloc: alloc.clone(),
             plan: plan.clone(),
@@ -82,7 +82,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
             .with_context(|| format!("tiered replay of {} failed", args.trace.display()))?;
         reports.push((p.name(), report));
     }
-    super::print_reports(args, &reports, print_table)?;
+    super::print_reports(args, &costs, &reports, print_table)?;
     if let Some(e) = reports.iter().find_map(|(_, r)| r.error.as_ref()) {
         bail!("{e}");
     }

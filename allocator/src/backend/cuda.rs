@@ -137,6 +137,39 @@ pub struct CudaBackend {
 // all use.
 unsafe impl Send for CudaBackend {}
 
+/// The driver's name of GPU `device` (e.g. "NVIDIA H100 80GB HBM3"), without creating a
+/// context. [`BackendError::NoDriver`] when the CUDA driver library cannot be loaded.
+pub fn gpu_name(device: i32) -> Result<String, BackendError> {
+    // SAFETY: as in `CudaBackend::new`, only opens the library.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(BackendError::NoDriver);
+    }
+    let mut count = 0;
+    let mut dev: sys::CUdevice = 0;
+    let mut buf = [0 as std::ffi::c_char; 256];
+    // SAFETY: the library is present; the out-pointers point to live locals of the
+    // right type, and `cuDeviceGetName` writes at most `buf.len()` bytes, NUL included.
+    unsafe {
+        check("cuInit", sys::cuInit(0))?;
+        check("cuDeviceGetCount", sys::cuDeviceGetCount(&mut count))?;
+        if device < 0 || device >= count {
+            return Err(BackendError::Invalid(format!(
+                "CUDA device {device} does not exist ({count} devices)"
+            )));
+        }
+        check("cuDeviceGet", sys::cuDeviceGet(&mut dev, device))?;
+        check(
+            "cuDeviceGetName",
+            sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as i32, dev),
+        )?;
+    }
+    // The driver NUL-terminates within the buffer; the last byte is a guard regardless.
+    buf[buf.len() - 1] = 0;
+    // SAFETY: `buf` holds a NUL-terminated string (guarded above).
+    let name = unsafe { CStr::from_ptr(buf.as_ptr()) };
+    Ok(name.to_string_lossy().into_owned())
+}
+
 impl CudaBackend {
     /// The GPU of ordinal `device`: its primary context, capacity and granularity.
     /// [`BackendError::NoDriver`] when the CUDA driver library cannot be loaded.

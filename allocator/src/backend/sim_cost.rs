@@ -153,6 +153,17 @@ impl CostModel {
         }
     }
 
+    /// The built-in model measured on the GPU a device name (the driver's, e.g. "NVIDIA
+    /// H100 80GB HBM3") names, with that model's name; `None` for a GPU no model was
+    /// measured on.
+    pub fn for_gpu(device_name: &str) -> Option<(&'static str, Self)> {
+        let n = device_name.to_ascii_uppercase();
+        ["h200", "h100"]
+            .into_iter()
+            .find(|m| n.contains(&m.to_ascii_uppercase()))
+            .and_then(|m| Some((m, Self::named(m)?)))
+    }
+
     /// Checks a cost model read from a file before any replay uses it: every table has
     /// a row, sizes rise and are positive, bandwidths are positive and times are not
     /// negative, all finite. The error names the field and the row.
@@ -259,6 +270,17 @@ mod tests {
         assert_eq!(CostModel::named("h200"), Some(CostModel::default()));
         assert_ne!(CostModel::named("h100"), Some(CostModel::default()));
         assert_eq!(CostModel::named("a100"), None);
+    }
+
+    /// The names the driver gives the GPUs the models were measured on pick them.
+    #[test]
+    fn a_gpu_name_picks_the_model_measured_on_it() {
+        let pick = |n| CostModel::for_gpu(n).map(|(m, c)| (m, c == CostModel::named(m).unwrap()));
+        assert_eq!(pick("NVIDIA H100 80GB HBM3"), Some(("h100", true)));
+        assert_eq!(pick("NVIDIA H200"), Some(("h200", true)));
+        assert_eq!(pick("NVIDIA H100 PCIe"), Some(("h100", true)));
+        assert_eq!(pick("NVIDIA A100-SXM4-80GB"), None);
+        assert_eq!(pick(""), None);
     }
 
     /// The example file the docs point users to is the H100's model, field for field.
