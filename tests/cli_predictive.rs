@@ -113,6 +113,33 @@ fn every_forecaster_replays_and_a_budget_reports_the_tier_metrics() {
     assert_eq!(c["memcast"]["policy"], "reactive");
 }
 
+/// `--real-time` replays at the trace's own pace (the wall time covers the trace's
+/// span) with the forecast thread in the loop, and reports what an as-fast-as-possible
+/// replay reports.
+#[test]
+fn a_real_time_replay_takes_the_traces_span() {
+    let t = bundled("bert_dynseq_b16_train");
+    let span = json(&["trace", "stats", &t, "--json"])["duration_us"]
+        .as_f64()
+        .unwrap();
+    let c = json(&[
+        "replay",
+        &t,
+        "--compare",
+        "memcast,predictive",
+        "--real-time",
+        "--json",
+    ]);
+    for p in ["memcast", "predictive"] {
+        for k in COMMON {
+            assert!(c[p].get(k).is_some(), "{p}: missing {k}");
+        }
+        let wall = c[p]["wall_secs"].as_f64().unwrap();
+        assert!(wall * 1e6 >= span, "{p}: {wall} s for a span of {span} us");
+    }
+    assert_eq!(c["predictive"]["forecaster"], "lstm");
+}
+
 #[test]
 fn options_that_cannot_apply_are_errors() {
     let t = bundled("resnet50_b64_train");
@@ -152,6 +179,10 @@ fn options_that_cannot_apply_are_errors() {
             "HIGH,LOW",
         ),
         (vec!["replay", &t, "--policy", "reactive"], "--budget"),
+        (
+            vec!["replay", &t, "--budget", "60%", "--real-time"],
+            "--real-time",
+        ),
         (
             vec!["replay", &t, "--policy", "pytorch", "--conf", "run_scan:4"],
             "--conf",

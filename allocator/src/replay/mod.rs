@@ -193,6 +193,12 @@ pub struct ReplayOptions {
     /// The simulated device's call costs (`Device::Sim`; beside the measured calls of
     /// `Device::Cuda`): the H200's by default. Its capacity is `sim_capacity`.
     pub costs: crate::backend::sim::CostModel,
+    /// Replay at the trace's own pace: each event waits until its time since the first
+    /// event has passed on the wall clock, and predictive mode keeps its forecast
+    /// thread (`AllocConfig::forecast_thread`), so forecasts arrive as late as they
+    /// would in the job. `false`: as fast as possible, the forecaster inline and in
+    /// step (deterministic figures). A replay takes the trace's span.
+    pub real_time: bool,
 }
 
 impl Default for ReplayOptions {
@@ -208,6 +214,7 @@ impl Default for ReplayOptions {
             forecaster: ReplayForecaster::Lstm,
             timeline: false,
             costs: Default::default(),
+            real_time: false,
         }
     }
 }
@@ -450,10 +457,10 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, Repla
     Ok(r)
 }
 
-/// The allocator of a predictive replay: `opts.config` in predictive mode, inline (a
-/// replay runs millions of events a second, far faster than any job: the forecaster
-/// keeps up with a real job's allocation rate, so replay runs it in step, which also
-/// makes the figures deterministic), over `opts.forecaster`.
+/// The allocator of a predictive replay: `opts.config` in predictive mode over
+/// `opts.forecaster`; inline and in step (deterministic figures: every forecast is
+/// read as soon as its step closes) unless the replay runs in real time
+/// (`ReplayOptions::real_time`), where the forecast thread is kept as configured.
 pub fn predictive_allocator<B: DeviceBackend>(
     trace: &Trace,
     backend: B,
@@ -462,7 +469,7 @@ pub fn predictive_allocator<B: DeviceBackend>(
     let fail = |source| ReplayError::Alloc { index: 0, source };
     let mut cfg = opts.config.clone();
     cfg.predictive = true;
-    cfg.forecast_thread = false;
+    cfg.forecast_thread &= opts.real_time;
     let forecaster = opts
         .forecaster
         .build(&cfg, || allocator_events(trace))

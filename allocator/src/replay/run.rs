@@ -97,8 +97,12 @@ pub fn run_warm<T: ReplayTarget>(
     // At the last boundary: (device calls, pages moved).
     let mut at_boundary: Option<(u64, u64)> = None;
     let (mut calls_per_it, mut pages_per_it) = (Vec::new(), Vec::new());
+    let (first_time, clock) = (last_time, Instant::now());
     for (index, e) in trace.events.iter().enumerate() {
         let index = index as u64;
+        if opts.real_time {
+            wait_until(clock, e.time_us.saturating_sub(first_time));
+        }
         if e.time_us > last_time {
             let dt = (e.time_us - last_time) as f64;
             reserved_time += t.reserved() as f64 * dt;
@@ -241,4 +245,23 @@ pub fn run_warm<T: ReplayTarget>(
         extra,
         timeline,
     })
+}
+
+/// Waits until `us` microseconds have passed since `clock` (real-time replay): sleeps
+/// while more than 200 us remain, then spins, so that events keep their gaps to a few
+/// microseconds.
+fn wait_until(clock: Instant, us: u64) {
+    let target = std::time::Duration::from_micros(us);
+    loop {
+        let now = clock.elapsed();
+        if now >= target {
+            return;
+        }
+        let left = target - now;
+        if left > std::time::Duration::from_micros(200) {
+            std::thread::sleep(left - std::time::Duration::from_micros(100));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
 }
