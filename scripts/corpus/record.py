@@ -9,8 +9,10 @@ frames). `expandable` runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 history. Both append one JSON line of PyTorch's own figures (`torch.cuda.memory_stats()`
 at the end of the run) to DIR/NAME.<mode>.json. `memcast` runs every CUDA allocation
 through memcast (`memcast_torch.install()`, settings from MEMCAST_ALLOC_CONF) and writes
-memcast's figures the same way, with the median wall time of a recorded iteration
-(`--tag T` names the file DIR/NAME.memcast-T.json, to keep settings apart).
+memcast's figures the same way, with the median wall time of a recorded iteration and,
+per iteration, the device calls made inside requests and ahead of need and the time
+spent in memcast's malloc (`--tag T` names the file DIR/NAME.memcast-T.json, to keep
+settings apart).
 
 The recipe, for every workload:
   1. build the model (random weights) and its optimizer; seed every generator with 0;
@@ -128,6 +130,11 @@ if args.mode == "native" and not args.from_start:
 t1 = time.time()
 step_s = []
 moved = []  # memcast mode: pages released + backed so far (the first entry includes the warm-up)
+# memcast mode, at each boundary so far: device calls made inside requests (device
+# allocations and frees less those made ahead of need, the replay's
+# `critical_path_device_calls`), calls made ahead, and nanoseconds spent in memcast's
+# malloc; the first entry includes the warm-up.
+calls = []
 for _ in range(iters):
     marker()
     ts = time.time()
@@ -138,6 +145,9 @@ for _ in range(iters):
         mt.step()
         st = mt.stats()
         moved.append((st.get("pages_released") or 0) + (st.get("pages_backed") or 0))
+        ahead = st.get("ahead_device_calls") or 0
+        calls.append((st["device_allocs"] + st["device_frees"] - ahead, ahead,
+                      st["host_time"]["malloc_ns"]))
 marker()
 torch.cuda.synchronize()
 t2 = time.time()
@@ -154,6 +164,11 @@ if rec is not None:
     rec.stop()
 if mt is not None:
     ms = mt.stats()
+
+    def per_iteration(k):
+        at = [c[k] for c in calls]
+        return [b - a for a, b in zip([0] + at[:-1], at)]
+
     fig = {
         "name": args.workload,
         "allocator": "memcast" + (f"-{args.tag}" if args.tag else ""),
@@ -170,6 +185,11 @@ if mt is not None:
         "median_iteration_s": sorted(step_s)[len(step_s) // 2],
         "iteration_s": [round(x, 4) for x in step_s],
         "pages_moved_per_iteration": [b - a for a, b in zip([0] + moved[:-1], moved)],
+        "critical_device_calls_per_iteration": per_iteration(0),
+        "ahead_device_calls_per_iteration": per_iteration(1),
+        "malloc_ms_per_iteration": [round(x / 1e6, 3) for x in per_iteration(2)],
+        "forecasts_used": ms.get("forecasts_used"),
+        "advice_applied": ms.get("advice_applied"),
         "iters": iters,
         "family": family,
         "split": split,
