@@ -14,7 +14,7 @@
 //! stalls.
 //!
 //! Costs on the allocating thread, measured in docs/predictive.md: a push (a copy of
-//! 1 KiB and a compare-and-swap) per 256 events, attempted only while the queue
+//! 80 bytes and a compare-and-swap) per 16 events, attempted only while the queue
 //! has room (a full queue drops the chunk before any byte is copied), and a version
 //! load that stays in its cache while nothing new is published. The service publishes a forecast only
 //! when its forecast peak of live bytes moved by at least `quantum` bytes since the
@@ -37,9 +37,12 @@ use crate::infer::Forecast;
 
 const SLOTS: usize = MAX_HORIZON * CHANNELS;
 
-/// Events per chunk: the allocator buffers this many 32-bit event codes (1 KiB) and
-/// hands them over at once, one queue operation per 256 events.
-pub const CHUNK: usize = 256;
+/// Events per chunk: the allocator buffers this many 32-bit event codes (64 bytes) and
+/// hands them over at once. About one step (16 allocations and their frees): a
+/// forecast is worth something only within its horizon of a few steps, so a step must
+/// reach the forecaster as it closes. With 256 (one queue operation per 256 events) a
+/// real job's forecasts arrived after the rises they foresaw.
+pub const CHUNK: usize = 16;
 
 /// A chunk of encoded events (see `forecaster`'s codes). `Copy`, fixed size.
 #[derive(Debug, Clone, Copy)]
@@ -230,11 +233,11 @@ const IDLE_MIN: Duration = Duration::from_micros(50);
 const IDLE_MAX: Duration = Duration::from_millis(1);
 
 /// Chunks processed in one go, and the pause after a full burst: at most `BURST`
-/// chunks (1,024 events, ~32 steps: ~70 us of LSTM) per `PACE`, a few percent of a
+/// chunks (2,048 events, ~64 steps: ~140 us of LSTM) per `PACE`, a few percent of a
 /// core. A real job hands over far fewer (a training step of tens of ms makes a few
 /// thousand events); the `alloc_free` bench, 40 M events/s, many more: those the
 /// queue cannot hold are dropped on the allocating thread.
-const BURST: usize = 8;
+const BURST: usize = 2048 / CHUNK;
 const PACE: Duration = Duration::from_millis(5);
 
 impl ForecastService {

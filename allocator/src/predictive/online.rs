@@ -4,11 +4,18 @@
 //! Costs (measured in docs/predictive.md with `cargo bench --bench alloc_free`):
 //! - per `allocate` / `deallocate`: one branch on `Allocator::online`, one store into
 //!   the chunk, one add and one compare;
-//! - per 256 events (out of line): the chunk goes to the forecast service's queue
-//!   (copied only if the queue has room; never blocks) and one atomic load says
-//!   whether a new forecast was published; only then is it read (a seqlock copy of ~60
-//!   values) and planned. Inline (`forecast_thread:false`) the featurizer and the
-//!   forecaster run here instead (~2 us per closed step with the LSTM).
+//! - per `CHUNK` (16) events, about one step (out of line): the chunk goes to the
+//!   forecast service's queue (an 80-byte copy, only if the queue has room; never
+//!   blocks) and one atomic load says whether a new forecast was published; only then
+//!   is it read (a seqlock copy of ~60 values) and planned. Inline
+//!   (`forecast_thread:false`) the featurizer and the forecaster run here instead (~2
+//!   us per closed step with the LSTM).
+//!
+//! Freshness: a step reaches the forecaster as soon as its events are handed over,
+//! and its forecast is read at the next hand-over, so a forecast is at most a step or
+//! two old when it is acted on. A forecast is worth something only within its horizon
+//! (5 steps): handed over 256 events at a time, a real job's forecasts arrived after
+//! the rises they foresaw and drove nothing (docs/predictive.md, "In a real job").
 
 use std::sync::Arc;
 
@@ -25,9 +32,6 @@ use crate::pool::Allocator;
 
 use super::plan::{ForecastGrowth, ForecastPolicy, State, Target};
 
-/// Events per hand-over inline (see `OnlinePath::limit`).
-const INLINE_CHUNK: usize = 16;
-
 /// Where the engine runs.
 enum Mode {
     /// On the allocator's thread; `latest` is its last forecast, `version` counts them.
@@ -42,14 +46,8 @@ enum Mode {
 
 /// The online path of one allocator (boxed in `Allocator::online`).
 pub struct OnlinePath {
-    // Invariant: chunk.len < limit <= CHUNK between calls (a full chunk is handed over
-    // at once).
+    // Invariant: chunk.len < CHUNK between calls (a full chunk is handed over at once).
     chunk: EventChunk,
-    /// Events per hand-over: `CHUNK` to the service thread (the fewer hand-overs, the
-    /// less the allocating thread pays); `INLINE_CHUNK` inline (the engine then runs
-    /// at least every step or two, so that forecasts are as fresh as a service thread
-    /// keeping up with a real job would make them).
-    limit: usize,
     mode: Mode,
     /// The publication version last read.
     seen: u64,
@@ -84,11 +82,11 @@ impl OnlinePath {
         let horizon = forecaster.horizon();
         let engine = Engine::new(StepConfig::default(), forecaster);
         let mode = if cfg.forecast_thread {
-            // 64 chunks (2,048 events) of slack before the service drops any; a new
+            // 16,384 events of slack before the service drops any; a new
             // forecast is published when its peak moved by a growth chunk (the
             // quantum of what the plan does with it).
             Mode::Thread(
-                ForecastService::start(engine, 64, cfg.growth_initial)
+                ForecastService::start(engine, 16384 / CHUNK, cfg.growth_initial)
                     .map_err(|e| AllocError::Config(format!("predictive mode: {e}")))?,
             )
         } else {
@@ -113,14 +111,9 @@ impl OnlinePath {
             span_allocs: (horizon as u64) * u64::from(StepConfig::default().allocs_per_step),
             target,
         };
-        let limit = match mode {
-            Mode::Thread(_) => CHUNK,
-            Mode::Inline { .. } => INLINE_CHUNK,
-        };
         Ok((
             OnlinePath {
                 chunk: EventChunk::default(),
-                limit,
                 mode,
                 seen: 0,
                 forecaster: name,
@@ -147,7 +140,7 @@ impl OnlinePath {
         // The mask keeps the index in bounds without a check (n < CHUNK holds anyway).
         self.chunk.events[n & (CHUNK - 1)] = code;
         self.chunk.len = n + 1;
-        n + 1 == self.limit
+        n + 1 == CHUNK
     }
 
     /// Hands the chunk to the engine (inline: runs it now) and empties it.
