@@ -138,6 +138,8 @@ fn a_real_time_replay_takes_the_traces_span() {
         assert!(wall * 1e6 >= span, "{p}: {wall} s for a span of {span} us");
     }
     assert_eq!(c["predictive"]["forecaster"], "lstm");
+    // The forecaster ran on its own thread, as in a job (an ordinary replay: inline).
+    assert_eq!(c["predictive"]["extra"]["config"]["forecast_thread"], true);
 }
 
 #[test]

@@ -153,7 +153,7 @@ pub struct AllocConfig {
     pub predictive_actions: Actions,
     /// Predictive mode: run the forecaster on its own thread (`true`, the default: the
     /// allocation path only hands over chunks of events) or inline at each chunk
-    /// (`false`: deterministic, what replay uses).
+    /// (`false`: deterministic, what replay uses unless it runs in real time).
     pub forecast_thread: bool,
 }
 

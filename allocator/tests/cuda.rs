@@ -56,8 +56,8 @@ fn no_driver_is_a_typed_error() {
     }
 }
 
-/// The driver's name of the GPU, and the cost model it picks: these tests run on the
-/// GPUs the built-in models were measured on (H100, H200), so one must be picked.
+/// The driver's name of the GPU, and the cost model it picks: on the GPUs the built-in
+/// models were measured on (H100, H200) that GPU's; elsewhere none (reported).
 #[test]
 fn the_gpu_is_named_and_picks_its_cost_model() {
     match cuda::gpu_name(0) {
@@ -68,8 +68,13 @@ fn the_gpu_is_named_and_picks_its_cost_model() {
         Ok(name) => {
             eprintln!("GPU 0: {name}");
             assert!(name.starts_with("NVIDIA "), "{name:?}");
-            let (model, _) = CostModel::for_gpu(&name).expect("an H100 or H200");
-            eprintln!("cost model: {model}");
+            let model = CostModel::for_gpu(&name).map(|(m, _)| m);
+            eprintln!("cost model: {model:?}");
+            for m in ["H100", "H200"] {
+                if name.split(' ').any(|w| w == m) {
+                    assert_eq!(model, Some(m.to_ascii_lowercase().as_str()), "{name}");
+                }
+            }
             assert!(matches!(
                 cuda::gpu_name(1 << 20),
                 Err(BackendError::Invalid(_))

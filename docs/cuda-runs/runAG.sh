@@ -1,6 +1,6 @@
 #!/bin/bash
 # runAF.sh again on the workloads of dynamic shapes, after the allocator began handing
-# its events to the forecast thread every 16 events (one step) instead of every 256:
+# its events to the forecast thread every 16 events (half a step) instead of every 256:
 # memcast reactive against `predictive:true`, six processes at a time on the one GPU;
 # then `memcast replay --real-time` of a bundled dynamic trace on this machine's host.
 # Staged with scripts/stage-gpu.sh .gpu; run from the repository root; figures in $OUT.

@@ -309,7 +309,9 @@ fn a_flooded_service_takes_a_bounded_share_of_a_core() {
     }
     chunk.len = chunk.events.len();
     let engine = Engine::new(StepConfig::default(), Box::new(NoForecaster));
-    let mut svc = ForecastService::start(engine, 64, 0).unwrap();
+    // The allocator's queue: 16,384 events.
+    let mut svc =
+        ForecastService::start(engine, 16384 / memcast_predictor::service::CHUNK, 0).unwrap();
     let t0 = std::time::Instant::now();
     while t0.elapsed() < std::time::Duration::from_millis(100) {
         for _ in 0..64 {

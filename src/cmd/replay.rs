@@ -189,12 +189,19 @@ pub fn print_reports<R: serde::Serialize>(
     table: fn(&R),
 ) -> Result<()> {
     if args.json {
-        // Each object names the cost model its figures assumed, where one was used.
+        // Each object names the cost model its figures assumed, where one was used,
+        // and under --device cuda the GPU.
         let costs = costs_apply(args).then(|| costs.label.clone());
+        let gpu = gpu_name(args);
         let value = |r: &R| -> Result<serde_json::Value> {
             let mut v = serde_json::to_value(r)?;
-            if let (Some(c), Some(o)) = (&costs, v.as_object_mut()) {
-                o.insert("costs".into(), c.clone().into());
+            if let Some(o) = v.as_object_mut() {
+                if let Some(c) = &costs {
+                    o.insert("costs".into(), c.clone().into());
+                }
+                if let Some(g) = &gpu {
+                    o.insert("gpu".into(), g.clone().into());
+                }
             }
             Ok(v)
         };
@@ -214,7 +221,8 @@ pub fn print_reports<R: serde::Serialize>(
             }
             table(r);
         }
-        if matches!(args.device, DeviceArg::Cuda) {
+        if let Some(g) = gpu_name(args) {
+            out!("gpu               {g}");
             out!(
                 "costs             {} (the model beside the measured calls)",
                 costs.label
@@ -319,6 +327,15 @@ pub fn alloc_config(args: &ReplayArgs, base: AllocConfig) -> Result<AllocConfig>
 /// alone).
 fn costs_apply(args: &ReplayArgs) -> bool {
     args.budget.is_some() || !matches!(args.device, DeviceArg::Host)
+}
+
+/// The driver's name of GPU 0 under `--device cuda` (`None` elsewhere, or without a
+/// driver).
+fn gpu_name(args: &ReplayArgs) -> Option<String> {
+    if !matches!(args.device, DeviceArg::Cuda) {
+        return None;
+    }
+    memcast_alloc::backend::cuda::gpu_name(0).ok()
 }
 
 /// A replay's cost model and the label its JSON carries (`costs`).

@@ -154,13 +154,16 @@ impl CostModel {
     }
 
     /// The built-in model measured on the GPU a device name (the driver's, e.g. "NVIDIA
-    /// H100 80GB HBM3") names, with that model's name; `None` for a GPU no model was
-    /// measured on.
+    /// H100 80GB HBM3") names by a whole word, with that model's name; `None` for a GPU
+    /// no model was measured on (a GH200, whose host link is not PCIe, included).
     pub fn for_gpu(device_name: &str) -> Option<(&'static str, Self)> {
-        let n = device_name.to_ascii_uppercase();
+        let words: Vec<String> = device_name
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .map(str::to_ascii_lowercase)
+            .collect();
         ["h200", "h100"]
             .into_iter()
-            .find(|m| n.contains(&m.to_ascii_uppercase()))
+            .find(|m| words.iter().any(|w| w == m))
             .and_then(|m| Some((m, Self::named(m)?)))
     }
 
@@ -280,6 +283,7 @@ mod tests {
         assert_eq!(pick("NVIDIA H200"), Some(("h200", true)));
         assert_eq!(pick("NVIDIA H100 PCIe"), Some(("h100", true)));
         assert_eq!(pick("NVIDIA A100-SXM4-80GB"), None);
+        assert_eq!(pick("NVIDIA GH200 480GB"), None);
         assert_eq!(pick(""), None);
     }
 

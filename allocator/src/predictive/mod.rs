@@ -6,10 +6,11 @@
 //!    (replay calls it at the trace's markers; a framework once per training step),
 //!    appends one event code to a fixed chunk (one store and one compare on the hot
 //!    path);
-//! 2. a full chunk (256 events; 16 inline) goes to the online [`Engine`]: the same
+//! 2. a full chunk (`CHUNK`, 16 events, in both modes) goes to the online [`Engine`]: the same
 //!    `StepFeaturizer` the trainer reads traces with, then the forecaster, either on
 //!    the `ForecastService` thread (default: the allocation path only hands the chunk
-//!    over, never waits) or inline (`forecast_thread:false`, deterministic: replay);
+//!    over, never waits) or inline (`forecast_thread:false`, deterministic: replay
+//!    but under `ReplayOptions::real_time`);
 //! 3. after handing a chunk over, the allocator reads the latest forecast without
 //!    blocking (a seqlock over atomics; one atomic load when nothing new was
 //!    published) and turns it into [`Advice`] through [`plan::ForecastPolicy`]: grow

@@ -17,7 +17,8 @@
 //!   256 events and at each new reserved peak, over instants where at least 1% of
 //!   reserved bytes are free (below that the ratio measures noise, not fragmentation);
 //!   `fragmentation_at_peak` is the value when reserved peaked;
-//! - `events_per_sec`: events (static blocks included) over the wall time of the loop.
+//! - `events_per_sec`: events (static blocks included) over the wall time of the loop
+//!   (under `ReplayOptions::real_time`, the trace's own pace).
 
 pub mod cuda;
 pub mod naive;
