@@ -311,6 +311,76 @@ fn a_closed_step_reaches_the_forecast_thread_without_more_events() {
     }
 }
 
+/// A forecaster that takes 1 ms a step: a service that cannot keep up.
+struct Sleepy;
+
+impl Forecaster for Sleepy {
+    fn name(&self) -> &'static str {
+        "sleepy"
+    }
+    fn horizon(&self) -> usize {
+        1
+    }
+    fn forecast(&mut self, _: &Step, _: &StepFeaturizer, _: &mut Forecast) -> bool {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        false
+    }
+}
+
+/// While the forecast thread is behind (its queue full), the allocator hands its
+/// events over every 256 instead of every 16 (dropping them unsent, as the full queue
+/// would), and once the queue has room again, every 16 once more.
+#[test]
+fn a_service_behind_is_handed_fewer_chunks_until_it_catches_up() {
+    let cfg = AllocConfig {
+        forecast_thread: true,
+        ..AllocConfig::default()
+    };
+    let mut a = Allocator::with_forecaster(
+        SimBackend::new(64 << 30, Default::default()),
+        cfg,
+        Box::new(Sleepy),
+    )
+    .unwrap();
+    let chunks = |a: &Allocator<SimBackend>| a.online().unwrap().chunks;
+    let pairs = 100_000u64;
+    for _ in 0..pairs {
+        let x = a.allocate(MIB, 0).unwrap();
+        a.deallocate(x, 0).unwrap();
+    }
+    // The queue (16,384 events) takes 1,024 chunks of 16; the 183,616 events after
+    // them go 256 at a time (717 hand-overs), with a few chunks of 16 whenever the
+    // sleepy thread has made room. Every 16: 12,500 hand-overs.
+    let n = chunks(&a);
+    assert!(n < 3_000, "{n} hand-overs for {} events", 2 * pairs);
+    // Once the thread has caught up, a boundary empties the buffer and the next 16
+    // events are one hand-over again.
+    let t = std::time::Instant::now();
+    loop {
+        let s = a.online().unwrap().service_stats().unwrap();
+        if s.processed + s.dropped == s.submitted {
+            break;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(60),
+            "the queue never drained: {s:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    a.iteration_boundary();
+    let before = chunks(&a);
+    let mut live = Vec::new();
+    for _ in 0..15 {
+        live.push(a.allocate(MIB, 0).unwrap());
+    }
+    assert_eq!(chunks(&a), before, "a hand-over before 16 events");
+    live.push(a.allocate(MIB, 0).unwrap());
+    assert_eq!(chunks(&a), before + 1, "no hand-over at 16 events");
+    for x in live {
+        a.deallocate(x, 0).unwrap();
+    }
+}
+
 #[test]
 fn the_online_path_closes_the_steps_an_independent_count_gives() {
     // A program with frees, boundaries and a burst within steps.

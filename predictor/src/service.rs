@@ -38,9 +38,9 @@ use crate::infer::Forecast;
 const SLOTS: usize = MAX_HORIZON * CHANNELS;
 
 /// Events per chunk: the allocator buffers this many 32-bit event codes (64 bytes) and
-/// hands them over at once. About one step (16 allocations and their frees): a
-/// forecast is worth something only within its horizon of a few steps, so a step must
-/// reach the forecaster as it closes. With 256 (one queue operation per 256 events) a
+/// hands them over at once: about half a step (a step is 16 allocations and, in a
+/// steady job, about as many frees). A forecast is worth something only within its
+/// horizon of a few steps, so a step must reach the forecaster as it closes. With 256 (one queue operation per 256 events) a
 /// real job's forecasts arrived after the rises they foresaw.
 pub const CHUNK: usize = 16;
 
@@ -295,6 +295,23 @@ impl ForecastService {
             }
         }
         ok
+    }
+
+    /// Counts events the allocator dropped without offering them (it does while the
+    /// queue is full) as one dropped chunk; a boundary ending them is carried, as
+    /// [`submit`](Self::submit) carries a dropped chunk's.
+    pub fn skip(&mut self, events: &[Code]) {
+        self.submitted += 1;
+        self.dropped += 1;
+        if events.last() == Some(&BOUNDARY) {
+            self.shared.lost_boundaries.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the queue has room for a chunk now (two atomic loads).
+    #[inline]
+    pub fn has_room(&self) -> bool {
+        self.handle.is_some() && !self.shared.queue.is_full()
     }
 
     /// The publication's version (one atomic load): compare with the last one read to

@@ -4,10 +4,11 @@
 //! Costs (measured in docs/predictive.md with `cargo bench --bench alloc_free`):
 //! - per `allocate` / `deallocate`: one branch on `Allocator::online`, one store into
 //!   the chunk, one add and one compare;
-//! - per `CHUNK` (16) events, about one step (out of line): the chunk goes to the
+//! - per `CHUNK` (16) events, about half a step (out of line): the chunk goes to the
 //!   forecast service's queue (an 80-byte copy, only if the queue has room; never
 //!   blocks) and one atomic load says whether a new forecast was published; only then
-//!   is it read (a seqlock copy of ~60 values) and planned. Inline
+//!   is it read (a seqlock copy of ~60 values) and planned. While the service is
+//!   behind (its queue full), every `BEHIND` (256) events instead, dropped unsent. Inline
 //!   (`forecast_thread:false`) the featurizer and the forecaster run here instead (~2
 //!   us per closed step with the LSTM).
 //!
@@ -32,6 +33,14 @@ use crate::pool::Allocator;
 
 use super::plan::{ForecastGrowth, ForecastPolicy, State, Target};
 
+/// Events buffered while the forecast service is behind (its queue was full at the
+/// last hand-over): the allocator then flushes every `BEHIND` events and drops them
+/// unsent, as the full queue would have, until the queue has room again. A flush costs
+/// the allocating thread a call and a few loads: a service that cannot keep up gets
+/// stale events either way, and the allocator stops paying for freshness it cannot
+/// have (the `alloc_free` bench, whose rate no service keeps up with).
+const BEHIND: usize = 256;
+
 /// Where the engine runs.
 enum Mode {
     /// On the allocator's thread; `latest` is its last forecast, `version` counts them.
@@ -46,8 +55,15 @@ enum Mode {
 
 /// The online path of one allocator (boxed in `Allocator::online`).
 pub struct OnlinePath {
-    // Invariant: chunk.len < CHUNK between calls (a full chunk is handed over at once).
-    chunk: EventChunk,
+    /// Event codes since the last hand-over; `live` is the allocator's live bytes at
+    /// the first of them.
+    // Invariant: len < limit between calls (a full buffer is handed over at once).
+    events: [Code; BEHIND],
+    len: usize,
+    live: u64,
+    /// Events per hand-over: `CHUNK`, or `BEHIND` while the service is behind.
+    // Invariant: limit == CHUNK or (thread mode and limit == BEHIND).
+    limit: usize,
     mode: Mode,
     /// The publication version last read.
     seen: u64,
@@ -113,7 +129,10 @@ impl OnlinePath {
         };
         Ok((
             OnlinePath {
-                chunk: EventChunk::default(),
+                events: [0; BEHIND],
+                len: 0,
+                live: 0,
+                limit: CHUNK,
                 mode,
                 seen: 0,
                 forecaster: name,
@@ -133,19 +152,21 @@ impl OnlinePath {
         self.horizon
     }
 
-    /// Appends one event code; true when the chunk is full (the caller flushes).
+    /// Appends one event code; true when the buffer is full (the caller flushes).
     #[inline(always)]
     fn record(&mut self, code: Code) -> bool {
-        let n = self.chunk.len;
-        // The mask keeps the index in bounds without a check (n < CHUNK holds anyway).
-        self.chunk.events[n & (CHUNK - 1)] = code;
-        self.chunk.len = n + 1;
-        n + 1 == CHUNK
+        let n = self.len;
+        // The mask keeps the index in bounds without a check (n < limit <= BEHIND).
+        self.events[n & (BEHIND - 1)] = code;
+        self.len = n + 1;
+        n + 1 == self.limit
     }
 
-    /// Hands the chunk to the engine (inline: runs it now) and empties it.
+    /// Hands the buffered events to the engine (inline: runs it now) and empties the
+    /// buffer.
     fn hand_over(&mut self) {
-        if self.chunk.len == 0 {
+        let events = &self.events[..self.len];
+        if events.is_empty() {
             return;
         }
         self.chunks += 1;
@@ -155,17 +176,30 @@ impl OnlinePath {
                 latest,
                 version,
             } => {
-                engine.set_live(self.chunk.live);
-                engine.feed(self.chunk.as_slice(), |f| {
+                engine.set_live(self.live);
+                engine.feed(events, |f| {
                     **latest = Some(*f);
                     *version += 1;
                 })
             }
             Mode::Thread(svc) => {
-                svc.submit(&self.chunk);
+                if events.len() <= CHUNK {
+                    let mut c = EventChunk {
+                        live: self.live,
+                        len: events.len(),
+                        ..EventChunk::default()
+                    };
+                    c.events[..events.len()].copy_from_slice(events);
+                    let sent = svc.submit(&c);
+                    self.limit = if sent { CHUNK } else { BEHIND };
+                } else {
+                    // Behind: dropped unsent, as the full queue would drop them.
+                    svc.skip(events);
+                    self.limit = if svc.has_room() { CHUNK } else { BEHIND };
+                }
             }
         }
-        self.chunk.len = 0;
+        self.len = 0;
     }
 
     /// The latest forecast if one was published since the last call. Never blocks.
@@ -302,8 +336,8 @@ impl<B: DeviceBackend> Allocator<B> {
         };
         o.stream = stream;
         o.hand_over();
-        // The next chunk starts at this live count (the engine re-aligns to it).
-        o.chunk.live = self.stats.requested.current;
+        // The next events start at this live count (the engine re-aligns to it).
+        o.live = self.stats.requested.current;
         let Some(f) = o.take_new() else {
             return;
         };
