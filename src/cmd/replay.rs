@@ -191,15 +191,14 @@ pub fn print_reports<R: serde::Serialize>(
     if args.json {
         // Each object names the cost model its figures assumed, where one was used,
         // and under --device cuda the GPU.
-        let costs = costs_apply(args).then(|| costs.label.clone());
-        let gpu = gpu_name(args);
+        let (label, gpu) = (costs_apply(args).then_some(&costs.label), &costs.gpu);
         let value = |r: &R| -> Result<serde_json::Value> {
             let mut v = serde_json::to_value(r)?;
             if let Some(o) = v.as_object_mut() {
-                if let Some(c) = &costs {
+                if let Some(c) = label {
                     o.insert("costs".into(), c.clone().into());
                 }
-                if let Some(g) = &gpu {
+                if let Some(g) = gpu {
                     o.insert("gpu".into(), g.clone().into());
                 }
             }
@@ -221,7 +220,7 @@ pub fn print_reports<R: serde::Serialize>(
             }
             table(r);
         }
-        if let Some(g) = gpu_name(args) {
+        if let Some(g) = &costs.gpu {
             out!("gpu               {g}");
             out!(
                 "costs             {} (the model beside the measured calls)",
@@ -338,10 +337,12 @@ fn gpu_name(args: &ReplayArgs) -> Option<String> {
     memcast_alloc::backend::cuda::gpu_name(0).ok()
 }
 
-/// A replay's cost model and the label its JSON carries (`costs`).
+/// A replay's cost model, the label its JSON carries (`costs`) and, under `--device
+/// cuda`, the driver's name of the GPU (`gpu`), looked up once.
 pub struct Costs {
     pub label: String,
     pub model: CostModel,
+    pub gpu: Option<String>,
 }
 
 /// The cost model `--costs` names: a built-in one by name, or a JSON file, checked
@@ -349,53 +350,40 @@ pub struct Costs {
 /// model measured on the GPU the driver names (the H200's, with a warning, for a GPU
 /// without one), else the H200's.
 pub fn cost_model(args: &ReplayArgs) -> Result<Costs> {
-    let Some(spec) = &args.costs else {
-        if matches!(args.device, DeviceArg::Cuda) {
-            return Ok(detected_costs());
-        }
-        return Ok(Costs {
-            label: "h200".into(),
-            model: CostModel::default(),
-        });
+    let gpu = gpu_name(args);
+    let (label, model) = match &args.costs {
+        None if matches!(args.device, DeviceArg::Cuda) => detected_costs(gpu.as_deref()),
+        None => ("h200".into(), CostModel::default()),
+        Some(spec) => match CostModel::named(spec) {
+            Some(c) => (spec.to_ascii_lowercase(), c),
+            None => {
+                let text = std::fs::read_to_string(spec).with_context(|| {
+                    format!("--costs {spec}: not h200 or h100, and not a file to read")
+                })?;
+                let c: CostModel = serde_json::from_str(&text)
+                    .with_context(|| format!("{spec}: not a cost model"))?;
+                c.validate().map_err(|e| anyhow::anyhow!("{spec}: {e}"))?;
+                (spec.clone(), c)
+            }
+        },
     };
-    if let Some(c) = CostModel::named(spec) {
-        return Ok(Costs {
-            label: spec.to_ascii_lowercase(),
-            model: c,
-        });
-    }
-    let text = std::fs::read_to_string(spec)
-        .with_context(|| format!("--costs {spec}: not h200 or h100, and not a file to read"))?;
-    let c: CostModel =
-        serde_json::from_str(&text).with_context(|| format!("{spec}: not a cost model"))?;
-    c.validate().map_err(|e| anyhow::anyhow!("{spec}: {e}"))?;
-    Ok(Costs {
-        label: spec.clone(),
-        model: c,
-    })
+    Ok(Costs { label, model, gpu })
 }
 
-/// The built-in model of GPU 0 by its driver name. A GPU without one, or a name the
-/// driver cannot give (the replay itself then reports why the GPU is unusable), gets
-/// the H200's, with a warning on stderr.
-fn detected_costs() -> Costs {
-    let name = memcast_alloc::backend::cuda::gpu_name(0);
-    match name.as_deref().ok().and_then(CostModel::for_gpu) {
-        Some((label, model)) => Costs {
-            label: label.into(),
-            model,
-        },
+/// The built-in model of the GPU the driver names. A GPU without one gets the H200's,
+/// with a warning on stderr; so does a GPU the driver cannot name, silently (the
+/// replay itself then reports why the GPU is unusable).
+fn detected_costs(gpu: Option<&str>) -> (String, CostModel) {
+    match gpu.and_then(CostModel::for_gpu) {
+        Some((label, model)) => (label.into(), model),
         None => {
-            if let Ok(n) = &name {
+            if let Some(n) = gpu {
                 eprintln!(
                     "warning: no cost model was measured on a {n}; the measured calls are \
                      set beside the H200's costs (--costs h200|h100|FILE chooses)"
                 );
             }
-            Costs {
-                label: "h200".into(),
-                model: CostModel::default(),
-            }
+            ("h200".into(), CostModel::default())
         }
     }
 }
