@@ -15,8 +15,9 @@
 //!
 //! Costs on the allocating thread, measured in docs/predictive.md: a push (a copy of
 //! 80 bytes and a compare-and-swap) per 16 events, attempted only while the queue
-//! has room (a full queue drops the chunk before any byte is copied), and a version
-//! load that stays in its cache while nothing new is published. The service publishes a forecast only
+//! has room (a full queue drops the chunk before any byte is copied; the allocator
+//! then hands over every 256 events until it has room again, [`ForecastService::skip`]),
+//! and a version load that stays in its cache while nothing new is published. The service publishes a forecast only
 //! when its forecast peak of live bytes moved by at least `quantum` bytes since the
 //! last publication (or its basis changed): a forecast that would lead to the same
 //! decision is not worth a cache miss on the allocating thread.
@@ -40,8 +41,9 @@ const SLOTS: usize = MAX_HORIZON * CHANNELS;
 /// Events per chunk: the allocator buffers this many 32-bit event codes (64 bytes) and
 /// hands them over at once: about half a step (a step is 16 allocations and, in a
 /// steady job, about as many frees). A forecast is worth something only within its
-/// horizon of a few steps, so a step must reach the forecaster as it closes. With 256 (one queue operation per 256 events) a
-/// real job's forecasts arrived after the rises they foresaw.
+/// horizon of a few steps, so a step must reach the forecaster as it closes. With 256
+/// (one queue operation per 256 events) a real job's forecasts arrived after the rises
+/// they foresaw.
 pub const CHUNK: usize = 16;
 
 /// A chunk of encoded events (see `forecaster`'s codes). `Copy`, fixed size.

@@ -3,14 +3,14 @@
 //!
 //! Costs (measured in docs/predictive.md with `cargo bench --bench alloc_free`):
 //! - per `allocate` / `deallocate`: one branch on `Allocator::online`, one store into
-//!   the chunk, one add and one compare;
+//!   the buffer, one add and one compare;
 //! - per `CHUNK` (16) events, about half a step (out of line): the chunk goes to the
 //!   forecast service's queue (an 80-byte copy, only if the queue has room; never
 //!   blocks) and one atomic load says whether a new forecast was published; only then
 //!   is it read (a seqlock copy of ~60 values) and planned. While the service is
-//!   behind (its queue full), every `BEHIND` (256) events instead, dropped unsent. Inline
-//!   (`forecast_thread:false`) the featurizer and the forecaster run here instead (~2
-//!   us per closed step with the LSTM).
+//!   behind (its queue full), every `BEHIND` (256) events instead, dropped unsent.
+//!   Inline (`forecast_thread:false`) the featurizer and the forecaster run here
+//!   instead (~2 us per closed step with the LSTM).
 //!
 //! Freshness: a step reaches the forecaster as soon as its events are handed over,
 //! and its forecast is read at the next hand-over, so a forecast is at most a step or
