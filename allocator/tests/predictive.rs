@@ -275,6 +275,21 @@ impl Forecaster for Recorder {
     }
 }
 
+/// An allocator in predictive mode over `f` on a simulated 64 GiB device, its
+/// forecaster on the service thread or inline.
+fn simulated(f: impl Forecaster + 'static, thread: bool) -> Allocator<SimBackend> {
+    let cfg = AllocConfig {
+        forecast_thread: thread,
+        ..AllocConfig::default()
+    };
+    Allocator::with_forecaster(
+        SimBackend::new(64 << 30, Default::default()),
+        cfg,
+        Box::new(f),
+    )
+    .unwrap()
+}
+
 /// On the forecast thread, a step reaches the forecaster as soon as it closes, not
 /// hundreds of events later: a forecast that arrives after the rise it foresaw drives
 /// nothing (handed over 256 events at a time, a real job's forecasts arrived beyond
@@ -282,16 +297,7 @@ impl Forecaster for Recorder {
 #[test]
 fn a_closed_step_reaches_the_forecast_thread_without_more_events() {
     let steps = Arc::new(Mutex::new(Vec::new()));
-    let cfg = AllocConfig {
-        forecast_thread: true,
-        ..AllocConfig::default()
-    };
-    let mut a = Allocator::with_forecaster(
-        SimBackend::new(64 << 30, Default::default()),
-        cfg,
-        Box::new(Recorder(steps.clone())),
-    )
-    .unwrap();
+    let mut a = simulated(Recorder(steps.clone()), true);
     a.iteration_boundary();
     let mut live = Vec::new();
     for _ in 0..16 {
@@ -333,16 +339,7 @@ impl Forecaster for Sleepy {
 /// would), and once the queue has room again, every 16 once more.
 #[test]
 fn a_service_behind_is_handed_fewer_chunks_until_it_catches_up() {
-    let cfg = AllocConfig {
-        forecast_thread: true,
-        ..AllocConfig::default()
-    };
-    let mut a = Allocator::with_forecaster(
-        SimBackend::new(64 << 30, Default::default()),
-        cfg,
-        Box::new(Sleepy),
-    )
-    .unwrap();
+    let mut a = simulated(Sleepy, true);
     let chunks = |a: &Allocator<SimBackend>| a.online().unwrap().chunks;
     // Steps (and so the forecaster's calls) start at the first boundary.
     a.iteration_boundary();
@@ -404,16 +401,7 @@ fn the_online_path_closes_the_steps_an_independent_count_gives() {
         }
     }
     let steps = Arc::new(Mutex::new(Vec::new()));
-    let cfg = AllocConfig {
-        forecast_thread: false,
-        ..AllocConfig::default()
-    };
-    let mut a = Allocator::with_forecaster(
-        SimBackend::new(64 << 30, Default::default()),
-        cfg,
-        Box::new(Recorder(steps.clone())),
-    )
-    .unwrap();
+    let mut a = simulated(Recorder(steps.clone()), false);
     let mut live = Vec::new();
     // The independent count: steps of 16 allocations, closed early at a boundary.
     let mut want: Vec<[u64; CHANNELS]> = Vec::new();

@@ -4,7 +4,8 @@
 //! at run time (`dynamic-loading`): building needs no CUDA toolkit, and a machine
 //! without a driver gets [`BackendError::NoDriver`] ("no CUDA driver found") from
 //! [`CudaBackend::new`], never a panic. cudarc panics on the first call into a missing
-//! library, so `new` asks `is_culib_present()` before any other call.
+//! library, so `device_handle` (under `new` and `gpu_name`) asks `is_culib_present()`
+//! before any other call.
 //!
 //! What it maps to:
 //! - fixed segments: `cuMemAlloc` / `cuMemFree`;
@@ -137,18 +138,19 @@ pub struct CudaBackend {
 // all use.
 unsafe impl Send for CudaBackend {}
 
-/// The driver's name of GPU `device` (e.g. "NVIDIA H100 80GB HBM3"), without creating a
-/// context. [`BackendError::NoDriver`] when the CUDA driver library cannot be loaded.
-pub fn gpu_name(device: i32) -> Result<String, BackendError> {
-    // SAFETY: as in `CudaBackend::new`, only opens the library.
+/// The driver's handle of GPU `device`, after `cuInit`. [`BackendError::NoDriver`]
+/// when the CUDA driver library cannot be loaded; `Invalid` for a device that does not
+/// exist.
+fn device_handle(device: i32) -> Result<sys::CUdevice, BackendError> {
+    // SAFETY: `is_culib_present` only tries to open the library (libloading); it
+    // calls no driver function.
     if !unsafe { sys::is_culib_present() } {
         return Err(BackendError::NoDriver);
     }
     let mut count = 0;
     let mut dev: sys::CUdevice = 0;
-    let mut buf = [0 as std::ffi::c_char; 256];
-    // SAFETY: the library is present; the out-pointers point to live locals of the
-    // right type, and `cuDeviceGetName` writes at most `buf.len()` bytes, NUL included.
+    // SAFETY: the library is present (checked above); every out-pointer points to a
+    // live local of the right type.
     unsafe {
         check("cuInit", sys::cuInit(0))?;
         check("cuDeviceGetCount", sys::cuDeviceGetCount(&mut count))?;
@@ -158,6 +160,18 @@ pub fn gpu_name(device: i32) -> Result<String, BackendError> {
             )));
         }
         check("cuDeviceGet", sys::cuDeviceGet(&mut dev, device))?;
+    }
+    Ok(dev)
+}
+
+/// The driver's name of GPU `device` (e.g. "NVIDIA H100 80GB HBM3"), without creating a
+/// context. [`BackendError::NoDriver`] when the CUDA driver library cannot be loaded.
+pub fn gpu_name(device: i32) -> Result<String, BackendError> {
+    let dev = device_handle(device)?;
+    let mut buf = [0 as std::ffi::c_char; 256];
+    // SAFETY: the library is present (`device_handle` checked it) and `dev` is a valid
+    // handle; `cuDeviceGetName` writes at most `buf.len()` bytes, NUL included.
+    unsafe {
         check(
             "cuDeviceGetName",
             sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as i32, dev),
@@ -174,27 +188,13 @@ impl CudaBackend {
     /// The GPU of ordinal `device`: its primary context, capacity and granularity.
     /// [`BackendError::NoDriver`] when the CUDA driver library cannot be loaded.
     pub fn new(device: i32) -> Result<Self, BackendError> {
-        // SAFETY: `is_culib_present` only tries to open the library (libloading); it
-        // calls no driver function.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(BackendError::NoDriver);
-        }
-        let mut dev: sys::CUdevice = 0;
+        let dev = device_handle(device)?;
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        let mut count = 0;
         let mut total: usize = 0;
         let mut prio = (0, 0);
-        // SAFETY: the library is present (checked above); every out-pointer points to
-        // a live local of the right type.
+        // SAFETY: the library is present and `dev` valid (`device_handle`); every
+        // out-pointer points to a live local of the right type.
         unsafe {
-            check("cuInit", sys::cuInit(0))?;
-            check("cuDeviceGetCount", sys::cuDeviceGetCount(&mut count))?;
-            if device < 0 || device >= count {
-                return Err(BackendError::Invalid(format!(
-                    "CUDA device {device} does not exist ({count} devices)"
-                )));
-            }
-            check("cuDeviceGet", sys::cuDeviceGet(&mut dev, device))?;
             check(
                 "cuDevicePrimaryCtxRetain",
                 sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
