@@ -27,6 +27,15 @@ const COMMON: [&str; 14] = [
     "events_per_sec",
 ];
 
+/// Each policy of a `--compare memcast,predictive` object reports every `COMMON` metric.
+fn assert_every_metric(c: &serde_json::Value) {
+    for p in ["memcast", "predictive"] {
+        for k in COMMON {
+            assert!(c[p].get(k).is_some(), "{p}: missing {k}");
+        }
+    }
+}
+
 #[test]
 fn compare_prints_one_object_keyed_by_policy_with_every_metric() {
     let t = bundled("bert_dynseq_b16_train");
@@ -39,11 +48,7 @@ fn compare_prints_one_object_keyed_by_policy_with_every_metric() {
         "oracle",
         "--json",
     ]);
-    for p in ["memcast", "predictive"] {
-        for k in COMMON {
-            assert!(c[p].get(k).is_some(), "{p}: missing {k}");
-        }
-    }
+    assert_every_metric(&c);
     assert_eq!(c["predictive"]["forecaster"], "oracle");
     assert_eq!(c["memcast"]["forecaster"], "none");
     // The oracle's growth ahead of need takes requests off the device-call path, on a
@@ -130,10 +135,8 @@ fn a_real_time_replay_takes_the_traces_span() {
         "--real-time",
         "--json",
     ]);
+    assert_every_metric(&c);
     for p in ["memcast", "predictive"] {
-        for k in COMMON {
-            assert!(c[p].get(k).is_some(), "{p}: missing {k}");
-        }
         let wall = c[p]["wall_secs"].as_f64().unwrap();
         assert!(wall * 1e6 >= span, "{p}: {wall} s for a span of {span} us");
     }
