@@ -141,3 +141,147 @@ fn measure_device_call_latencies() {
     }
     report("device_call_latencies", serde_json::Value::Array(rows));
 }
+
+/// The driver calls behind one growable page, timed apart: `cuMemCreate`, `cuMemMap`
+/// (each per page) and `cuMemSetAccess` (once over the range, as the backend calls it),
+/// for `n` pages of the driver's granularity; then `cuMemUnmap` and `cuMemRelease`.
+/// Microseconds per page (per call for the access), or the failing call's name.
+fn page_calls_apart(n: usize) -> Result<serde_json::Value, String> {
+    use cudarc::driver::sys;
+    let ok = |what: &str, r: sys::CUresult| {
+        if r == sys::CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(format!("{what}: {r:?}"))
+        }
+    };
+    let mut b = gpu().ok_or("no CUDA driver found")?;
+    let g = b.granularity();
+    // Reserves address space and makes the device's context current on this thread.
+    let base = b
+        .reserve_growable(n as u64 * g)
+        .map_err(|e| e.to_string())?;
+    // SAFETY: a plain C struct for which all-zero bytes are the documented defaults.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    let mut hs = vec![0 as sys::CUmemGenericAllocationHandle; n];
+    let per = |t: Instant, k: usize| t.elapsed().as_secs_f64() * 1e6 / k as f64;
+    let t = Instant::now();
+    for h in hs.iter_mut() {
+        // SAFETY: the context is current; `h` and `prop` are live.
+        ok("cuMemCreate", unsafe {
+            sys::cuMemCreate(h, g as usize, &prop, 0)
+        })?;
+    }
+    let create = per(t, n);
+    let t = Instant::now();
+    for (i, h) in hs.iter().enumerate() {
+        // SAFETY: page `i` of the range reserved above, nothing mapped there; `h` is a
+        // fresh allocation of `g` bytes.
+        ok("cuMemMap", unsafe {
+            sys::cuMemMap(base.0 + i as u64 * g, g as usize, 0, *h, 0)
+        })?;
+    }
+    let map = per(t, n);
+    // SAFETY: all-zero is valid for the struct; the range was mapped just above.
+    let t = Instant::now();
+    ok("cuMemSetAccess", unsafe {
+        let mut d: sys::CUmemAccessDesc = std::mem::zeroed();
+        d.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        d.location.id = 0;
+        d.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        sys::cuMemSetAccess(base.0, n * g as usize, &d, 1)
+    })?;
+    let access = per(t, 1);
+    let t = Instant::now();
+    for i in 0..n {
+        // SAFETY: mapped above; nothing was queued that uses it.
+        ok("cuMemUnmap", unsafe {
+            sys::cuMemUnmap(base.0 + i as u64 * g, g as usize)
+        })?;
+    }
+    let unmap = per(t, n);
+    let t = Instant::now();
+    for h in &hs {
+        // SAFETY: created above, unmapped, released once.
+        ok("cuMemRelease", unsafe { sys::cuMemRelease(*h) })?;
+    }
+    let release = per(t, n);
+    b.release_growable(base, 0).map_err(|e| e.to_string())?;
+    Ok(serde_json::json!({
+        "pages": n, "page_bytes": g, "create_us_per_page": create, "map_us_per_page": map,
+        "set_access_us_per_call": access, "unmap_us_per_page": unmap,
+        "release_us_per_page": release,
+    }))
+}
+
+/// Microseconds per enqueue of a 4-byte `cuMemsetD8Async` (a stand-in for a kernel
+/// launch: an enqueue that waits for nothing) on the calling thread, `n` of them, as
+/// (p50, p99, max).
+fn enqueue_latency(b: &mut CudaBackend, n: usize) -> (f64, f64, f64) {
+    use cudarc::driver::sys;
+    let s = b.create_stream(StreamPriority::Normal).unwrap();
+    let raw = b.raw_stream(s).unwrap() as sys::CUstream;
+    let p = b.allocate(2 * MIB, s).unwrap();
+    let mut us = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = Instant::now();
+        // SAFETY: `p` is a live device allocation of 2 MiB; `raw` is a live stream of
+        // this context, which the backend made current.
+        let r = unsafe { sys::cuMemsetD8Async(p.0, 0, 4, raw) };
+        us.push(t.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        if i % 256 == 255 {
+            b.synchronize_stream(s).unwrap();
+        }
+    }
+    b.synchronize_stream(s).unwrap();
+    b.deallocate(p, 2 * MIB, s).unwrap();
+    us.sort_by(f64::total_cmp);
+    let q = |f: f64| us[((us.len() - 1) as f64 * f) as usize];
+    (q(0.5), q(0.99), us[us.len() - 1])
+}
+
+/// Not a check: where the time of a growable page goes (`cuMemCreate`, `cuMemMap`,
+/// `cuMemSetAccess` apart), and whether pages made on a second thread hold up the
+/// first thread's enqueues (driver calls that a job's own thread makes all the time):
+/// enqueue latency alone, then while another thread creates, maps, unmaps and releases
+/// pages in a loop. Growth made ahead of need on another thread helps a job only if it
+/// neither takes long there nor holds the job's thread.
+#[test]
+fn measure_page_calls_and_a_second_thread() {
+    let Some(mut b) = gpu() else { return };
+    let mut rows = Vec::new();
+    for n in [16usize, 128] {
+        rows.push(page_calls_apart(n).unwrap());
+    }
+    let alone = enqueue_latency(&mut b, 4096);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let maker = std::thread::spawn(move || {
+        let mut pages = 0u64;
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            let v = page_calls_apart(16).unwrap();
+            pages += v["pages"].as_u64().unwrap();
+        }
+        pages
+    });
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let t = Instant::now();
+    let busy = enqueue_latency(&mut b, 4096);
+    let secs = t.elapsed().as_secs_f64();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let pages = maker.join().unwrap();
+    rows.push(serde_json::json!({
+        "enqueue_us_alone": {"p50": alone.0, "p99": alone.1, "max": alone.2},
+        "enqueue_us_beside_page_maker": {"p50": busy.0, "p99": busy.1, "max": busy.2},
+        "enqueue_seconds_beside_page_maker": secs,
+        "pages_made_by_second_thread": pages,
+    }));
+    report(
+        "page_calls_and_a_second_thread",
+        serde_json::Value::Array(rows),
+    );
+}

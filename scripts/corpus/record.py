@@ -132,8 +132,9 @@ step_s = []
 moved = []  # memcast mode: pages released + backed so far (the first entry includes the warm-up)
 # memcast mode, at each boundary so far: device calls made inside requests (device
 # allocations and frees less those made ahead of need, the replay's
-# `critical_path_device_calls`), calls made ahead, and nanoseconds spent in memcast's
-# malloc; the first entry includes the warm-up.
+# `critical_path_device_calls`), calls made ahead, nanoseconds spent in memcast's
+# malloc, and microseconds spent in device calls (all kinds, inside requests or ahead,
+# all on the allocating thread); the first entry includes the warm-up.
 calls = []
 for _ in range(iters):
     marker()
@@ -146,8 +147,9 @@ for _ in range(iters):
         st = mt.stats()
         moved.append((st.get("pages_released") or 0) + (st.get("pages_backed") or 0))
         ahead = st.get("ahead_device_calls") or 0
+        device_us = sum(k.get("total_us") or 0 for k in (st.get("device_calls") or {}).values())
         calls.append((st["device_allocs"] + st["device_frees"] - ahead, ahead,
-                      st["host_time"]["malloc_ns"]))
+                      st["host_time"]["malloc_ns"], device_us))
 marker()
 torch.cuda.synchronize()
 t2 = time.time()
@@ -188,6 +190,7 @@ if mt is not None:
         "critical_device_calls_per_iteration": per_iteration(0),
         "ahead_device_calls_per_iteration": per_iteration(1),
         "malloc_ms_per_iteration": [round(x / 1e6, 3) for x in per_iteration(2)],
+        "device_call_ms_per_iteration": [round(x / 1e3, 3) for x in per_iteration(3)],
         "forecasts_used": ms.get("forecasts_used"),
         "advice_applied": ms.get("advice_applied"),
         "iters": iters,
