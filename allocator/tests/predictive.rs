@@ -317,6 +317,57 @@ fn a_closed_step_reaches_the_forecast_thread_without_more_events() {
     }
 }
 
+/// The same forecast every step (a steady job): 64 MiB more in the next step.
+struct Steady;
+
+impl Forecaster for Steady {
+    fn name(&self) -> &'static str {
+        "steady"
+    }
+    fn horizon(&self) -> usize {
+        1
+    }
+    fn forecast(&mut self, _: &Step, _: &StepFeaturizer, out: &mut Forecast) -> bool {
+        out.horizon = 1;
+        out.bytes[0][CH_TOTAL] = (64 * MIB) as f64;
+        out.bytes[0][CH_PEAK] = (64 * MIB) as f64;
+        true
+    }
+}
+
+/// On the forecast thread, every forecast reaches the allocator, also one that says
+/// what the last said: a forecast sizes growth only within its horizon, so a steady
+/// forecast left unpublished would leave a later rise to the reactive growth.
+#[test]
+fn a_steady_forecast_reaches_the_allocator_every_step() {
+    let mut a = simulated(Steady, true);
+    a.iteration_boundary();
+    let steps = 12;
+    for _ in 0..steps {
+        let live: Vec<_> = (0..16).map(|_| a.allocate(MIB, 0).unwrap()).collect();
+        for x in live {
+            a.deallocate(x, 0).unwrap();
+        }
+        // Wait until the thread has forecast from every event handed over.
+        let t = std::time::Instant::now();
+        loop {
+            let s = a.online().unwrap().service_stats().unwrap();
+            if s.processed + s.dropped == s.submitted {
+                break;
+            }
+            assert!(t.elapsed() < std::time::Duration::from_secs(20), "{s:?}");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    // Each step's forecast is read at a later hand-over (the first one's a step
+    // later): all but the last.
+    let used = a.stats().forecasts_used;
+    assert!(
+        used >= steps - 1,
+        "{used} forecasts read over {steps} steps"
+    );
+}
+
 /// A forecaster that takes 5 ms a step (~6 events a millisecond): a service that cannot
 /// keep up with any allocator, `check-invariants` builds included.
 struct Sleepy;

@@ -17,10 +17,13 @@
 //! 80 bytes and a compare-and-swap) per 16 events, attempted only while the queue
 //! has room (a full queue drops the chunk before any byte is copied; the allocator
 //! then hands over every 256 events until it has room again, [`ForecastService::skip`]),
-//! and a version load that stays in its cache while nothing new is published. The service publishes a forecast only
-//! when its forecast peak of live bytes moved by at least `quantum` bytes since the
-//! last publication (or its basis changed): a forecast that would lead to the same
-//! decision is not worth a cache miss on the allocating thread.
+//! and a version load that stays in its cache while nothing new is published. With a
+//! `quantum`, the service publishes a forecast only when its forecast peak of live
+//! bytes moved by at least `quantum` bytes since the last publication (or its basis
+//! changed). The allocator passes 0 (every forecast): a forecast drives growth only
+//! within its horizon, so one left unpublished because it had not moved is a forecast
+//! the allocator no longer has when the rise comes; reading each costs the allocating
+//! thread a seqlock copy at most once per step the thread forecasts.
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -98,11 +98,13 @@ impl OnlinePath {
         let horizon = forecaster.horizon();
         let engine = Engine::new(StepConfig::default(), forecaster);
         let mode = if cfg.forecast_thread {
-            // 16,384 events of slack before the service drops any; a new
-            // forecast is published when its peak moved by a growth chunk (the
-            // quantum of what the plan does with it).
+            // 16,384 events of slack before the service drops any. Every forecast
+            // is published (quantum 0), as inline every forecast is read: a forecast
+            // sizes growth only within its horizon (`Target::until_allocs`), so a
+            // steady forecast left unpublished (it once was, below a growth chunk of
+            // change) let the target lapse and the misses grow reactively.
             Mode::Thread(
-                ForecastService::start(engine, 16384 / CHUNK, cfg.growth_initial)
+                ForecastService::start(engine, 16384 / CHUNK, 0)
                     .map_err(|e| AllocError::Config(format!("predictive mode: {e}")))?,
             )
         } else {
