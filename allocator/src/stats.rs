@@ -120,8 +120,10 @@ pub struct AllocStats {
     pub deferred_frees: u64,
     /// Sampled host time of `allocate` calls.
     pub latency: Histogram,
-    /// Predictive mode: device calls made while following a forecast (ahead of need,
-    /// not inside a request), and the host time they took (backend stall).
+    /// Predictive mode: device calls made while following a forecast (ahead of need:
+    /// not for the request being served), and the host time they took (backend
+    /// stall). They are made on the allocating thread, at a hand-over inside an
+    /// `allocate` or `deallocate`: a job's thread still waits for them, earlier.
     pub ahead_device_calls: u64,
     pub ahead_device_us: f64,
     /// Predictive mode: forecasts read and pieces of advice applied.
