@@ -28,7 +28,7 @@ echo "== real-time replay"
 .gpu/memcast replay .gpu/traces/gpt2_dynbatch_s512_train_bf16.mctrace --real-time --compare memcast,predictive --json > $OUT/replay-real-time.json
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print({k: v["critical_path_device_calls_after_first_iteration"] for k, v in d.items()})' $OUT/replay-real-time.json
 echo "== alone"
-mkdir -p $OUT/alone/w; limit=520 tmo=60
+mkdir -p $OUT/alone/w; limit=${AH_LIMIT:-520} tmo=60  # AH_LIMIT: no new run after it (s)
 alone="bert_large_dynbatch_s128_sgd t5_small_dynseq_b32 convnext_tiny_multiscale_b32 unet_dynres_b32_bf16 swin_v2_t_multiscale_b32 llama_dynbatch_s512_2stream"
 for w in $alone; do
   OUT=$OUT/alone run $w reactive-1 ""; OUT=$OUT/alone run $w predictive-1 predictive:true
