@@ -1,41 +1,18 @@
 #!/bin/bash
-# runAG.sh again at the final code of the hand-over: every 16 events, every 256 while the
-# forecast thread is behind (the back-off). The corpus workloads of dynamic shapes under
-# memcast reactive and `predictive:true`, six processes at a time on the one GPU; then
-# `memcast replay --real-time` of a bundled dynamic trace on this machine's host; then six
-# of them alone on the GPU, one process at a time, reactive and predictive in turn (two
-# rounds, the second in the other order), for iteration times and the time spent in
-# device calls that compare.
-# Staged with scripts/stage-gpu.sh .gpu; run from the repository root; figures in $OUT.
+# The GPU suite at the code of the forecast thread's every-forecast publication, in two
+# calls (the device's time was short): first the Rust CUDA tests and the measurement of a
+# growable page's driver calls apart; then the rest of scripts/gpu-tests.sh (memcast_torch
+# library tests, Python tests, `memcast replay --device cuda`), its two Rust binaries
+# replaced by no-ops. Staged with scripts/stage-gpu.sh .gpu; figures in $OUT.
 set -u
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$PWD/.gpu/lib
-export MEMCAST_TORCH_LIB=$PWD/.gpu/libmemcast_torch.so PYTHONPATH=$PWD/.gpu/python MEMCAST_REQUIRE_GPU=1
-start=$(date +%s)
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-mkdir -p $OUT/w
-names=$(awk -F'\t' '$4=="dynamic" {print $2}' training-data/corpus/manifest.tsv | grep -v -e '^bert_dynseq_b16_train$' -e '^gpt2_dynbatch_s512_train_bf16$' -e '^gpt2_generate_dynamic$' -e '^resnet50_multiscale_b32_train$')
-run() {  # workload tag conf; no new run after $limit s
-  if [ $(( $(date +%s) - start )) -gt ${limit:-480} ]; then echo "$1 $2 skipped (time)"; return; fi
-  MEMCAST_ALLOC_CONF=$3 timeout ${tmo:-150} python3 scripts/corpus/record.py --workload $1 --mode memcast \
-    --tag $2 --out $OUT/w > $OUT/w/$1.$2.log 2>&1; echo "$1 $2 exit $?"
-}
-limit=170; export -f run; export OUT start limit
-for w in $names; do echo "$w reactive"; echo "$w predictive predictive:true"; done \
-  | xargs -P 6 -L 1 bash -c 'run $0 $1 ${2:-}' 2>&1 | grep -v "exit 0" || true
-cat $OUT/w/*.json > $OUT/predictive-gpu.jsonl 2>/dev/null
-echo "$(wc -l < $OUT/predictive-gpu.jsonl) figures"
-echo "== real-time replay"
-.gpu/memcast replay .gpu/traces/gpt2_dynbatch_s512_train_bf16.mctrace --real-time --compare memcast,predictive --json > $OUT/replay-real-time.json
-python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print({k: v["critical_path_device_calls_after_first_iteration"] for k, v in d.items()})' $OUT/replay-real-time.json
-echo "== alone"
-mkdir -p $OUT/alone/w; limit=${AH_LIMIT:-520} tmo=60  # AH_LIMIT: no new run after it (s)
-alone="bert_large_dynbatch_s128_sgd t5_small_dynseq_b32 convnext_tiny_multiscale_b32 unet_dynres_b32_bf16 swin_v2_t_multiscale_b32 llama_dynbatch_s512_2stream"
-for w in $alone; do
-  OUT=$OUT/alone run $w reactive-1 ""; OUT=$OUT/alone run $w predictive-1 predictive:true
-done
-for w in $alone; do
-  OUT=$OUT/alone run $w predictive-2 predictive:true; OUT=$OUT/alone run $w reactive-2 ""
-done
-cat $OUT/alone/w/*.json > $OUT/predictive-gpu-alone.jsonl 2>/dev/null
-echo "$(wc -l < $OUT/predictive-gpu-alone.jsonl) figures alone"
-echo "total $(( $(date +%s) - start )) s"
+export MEMCAST_REQUIRE_GPU=1 MEMCAST_CUDA_REPORT=$OUT/cuda-figures.jsonl LD_LIBRARY_PATH=/usr/local/cuda/lib64:$PWD/.gpu/lib
+if [ "${1:-1}" = 1 ]; then
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  .gpu/cuda-measure --test-threads=1 --nocapture measure_page_calls > $OUT/measure.log 2>&1; echo measure rc $?
+  grep page_calls_and $OUT/cuda-figures.jsonl
+  timeout 150 .gpu/cuda-tests --test-threads=1 > $OUT/cuda.log 2>&1; echo cuda rc $?
+else
+  mkdir -p /tmp/g && cp -r .gpu/. /tmp/g/ && printf '#!/bin/sh\nexit 0\n' > /tmp/g/cuda-tests
+  cp /tmp/g/cuda-tests /tmp/g/cuda-measure && chmod +x /tmp/g/cuda-*
+  timeout 290 bash /tmp/g/gpu-tests.sh $OUT/gpu > $OUT/gpu-tests.log 2>&1; echo rc $?
+fi
