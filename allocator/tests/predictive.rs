@@ -317,6 +317,23 @@ fn a_closed_step_reaches_the_forecast_thread_without_more_events() {
     }
 }
 
+/// Waits until the forecast thread has taken every chunk handed over to it (forecast
+/// from it or dropped it); fails after `secs` seconds.
+fn wait_for_the_service(a: &Allocator<SimBackend>, secs: u64) {
+    let t = std::time::Instant::now();
+    loop {
+        let s = a.online().unwrap().service_stats().unwrap();
+        if s.processed + s.dropped == s.submitted {
+            return;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(secs),
+            "the queue never drained: {s:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// The same forecast every step (a steady job): 64 MiB more in the next step.
 struct Steady;
 
@@ -348,16 +365,8 @@ fn a_steady_forecast_reaches_the_allocator_every_step() {
         for x in live {
             a.deallocate(x, 0).unwrap();
         }
-        // Wait until the thread has forecast from every event handed over.
-        let t = std::time::Instant::now();
-        loop {
-            let s = a.online().unwrap().service_stats().unwrap();
-            if s.processed + s.dropped == s.submitted {
-                break;
-            }
-            assert!(t.elapsed() < std::time::Duration::from_secs(20), "{s:?}");
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+        // The thread has forecast from every event handed over.
+        wait_for_the_service(&a, 20);
     }
     // Each step's forecast is read at a later hand-over (the first one's a step
     // later): all but the last.
@@ -406,18 +415,7 @@ fn a_service_behind_is_handed_fewer_chunks_until_it_catches_up() {
     assert!(n < 3_000, "{n} hand-overs for {} events", 2 * pairs);
     // Once the thread has caught up, a boundary empties the buffer and the next 16
     // events are one hand-over again.
-    let t = std::time::Instant::now();
-    loop {
-        let s = a.online().unwrap().service_stats().unwrap();
-        if s.processed + s.dropped == s.submitted {
-            break;
-        }
-        assert!(
-            t.elapsed() < std::time::Duration::from_secs(60),
-            "the queue never drained: {s:?}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    wait_for_the_service(&a, 60);
     a.iteration_boundary();
     let before = chunks(&a);
     let mut live = Vec::new();
