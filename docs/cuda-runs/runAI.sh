@@ -1,5 +1,7 @@
 #!/bin/bash
-# Not run yet. runAG.sh again at the final code of the hand-over: every 16 events, every 256 while the
+# Run AI, on an H100 80GB HBM3 (run as `AH_LIMIT=420 bash docs/cuda-runs/runAI.sh`: the
+# alone phase stopped at 420 s, after the first round and three workloads of the second).
+# runAG.sh again at the final code of the hand-over: every 16 events, every 256 while the
 # forecast thread is behind (the back-off). The corpus workloads of dynamic shapes under
 # memcast reactive and `predictive:true`, six processes at a time on the one GPU; then
 # `memcast replay --real-time` of a bundled dynamic trace on this machine's host; then six
