@@ -193,6 +193,7 @@ if mt is not None:
         "device_call_ms_per_iteration": [round(x / 1e3, 3) for x in per_iteration(3)],
         "forecasts_used": ms.get("forecasts_used"),
         "advice_applied": ms.get("advice_applied"),
+        "forecast_service": ms.get("forecast_service"),
         "iters": iters,
         "family": family,
         "split": split,

@@ -365,6 +365,7 @@ impl<B: DeviceBackend> Allocator<B> {
         tracing::debug!(
             ?advice,
             trust = f.trust,
+            seen_rise = f.seen_rise,
             live = f.live_bytes,
             step = f.step_index,
             allocated = state.allocated,

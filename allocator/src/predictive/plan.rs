@@ -174,12 +174,18 @@ impl GrowthPolicy for ForecastGrowth {
         }
         // Memory the forecast peak needs beyond what is reserved now (the request is
         // one of the forecast allocations; the caller grows by its deficit at least).
-        let want = self
-            .target
-            .bytes
-            .load(Ordering::Relaxed)
-            .saturating_sub(r.reserved)
-            .min(r.available);
+        let target = self.target.bytes.load(Ordering::Relaxed);
+        let want = target.saturating_sub(r.reserved).min(r.available);
+        if want > reactive {
+            tracing::debug!(
+                reactive,
+                want,
+                target,
+                reserved = r.reserved,
+                allocated = r.allocated,
+                "growth at a miss raised to the forecast peak"
+            );
+        }
         reactive.max(want)
     }
 }

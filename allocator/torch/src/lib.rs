@@ -32,6 +32,9 @@
 //!   `cudaStream_t`, null on error), `long memcast_host_pool_stats(int device, char* buf,
 //!   size_t len)`, `int memcast_host_pool_destroy(int device)`.
 //!
+//! The log (the allocator's warnings, and with `MEMCAST_LOG=debug` its predictive
+//! advice and growth) goes to stderr, filtered by `MEMCAST_LOG` (`log.rs`).
+//!
 //! Functions returning `int` give 0 on success and a negative code on failure; those
 //! returning `long` give the length of the text (without its NUL), or a negative code.
 //! Codes: -1 error (see `memcast_last_error`), -2 internal error (a panic, caught),
@@ -42,6 +45,7 @@
 //! caller's buffers, under each export's `# Safety` contract.
 
 pub mod host_pool;
+pub mod log;
 pub mod record;
 pub mod state;
 

@@ -160,6 +160,7 @@ pub fn device(device: i32) -> Result<&'static Device, TorchError> {
     if let Some(d) = s.get() {
         return Ok(d);
     }
+    crate::log::init();
     let cfg = config()?;
     let mut b = CudaBackend::new(device).map_err(AllocError::from)?;
     // Pages of growable segments: the configured segment granule (2 MiB by default).
@@ -315,7 +316,7 @@ impl Device {
     }
 
     pub fn stats_json(&self) -> String {
-        let (stats, used, capacity, calls, cfg, placement) = {
+        let (stats, used, capacity, calls, cfg, placement, service) = {
             let a = self.alloc.lock();
             (
                 a.stats().clone(),
@@ -324,6 +325,7 @@ impl Device {
                 a.backend().call_report(),
                 a.config().clone(),
                 a.placement_stats(),
+                a.online().and_then(|o| o.service_stats()),
             )
         };
         let b = self.book();
@@ -343,6 +345,16 @@ impl Device {
                 "device_calls": calls,
                 "predictive": cfg.predictive,
                 "placement": placement,
+                // Predictive mode's forecast thread: chunks of events handed over and
+                // dropped (its queue full), forecasts made and published.
+                "forecast_service": service.map(|s| serde_json::json!({
+                    "submitted": s.submitted,
+                    "dropped": s.dropped,
+                    "processed": s.processed,
+                    "forecasts": s.forecasts,
+                    "published": s.published,
+                    "carried_boundaries": s.carried,
+                })),
                 "host_time": self.host.json(),
                 "config": cfg,
             });
