@@ -323,6 +323,9 @@ pub struct Engine {
     trust_den: f64,
     /// The largest realized peak rise over one horizon so far.
     seen_rise: f64,
+    /// Events were lost since the last iteration boundary fed ([`Engine::mark_gap`]):
+    /// the steps are out of phase with the iteration, forecasts have no basis.
+    gap: bool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -349,12 +352,23 @@ impl Engine {
             trust_num: 0.0,
             trust_den: 0.0,
             seen_rise: 0.0,
+            gap: false,
         }
     }
 
     /// Re-aligns the featurizer's live bytes to the allocator's (`EventChunk::live`).
     pub fn set_live(&mut self, bytes: u64) {
         self.feat.feat.set_live(bytes);
+    }
+
+    /// Says that events were lost before the next ones fed (the forecast service's
+    /// queue dropped a chunk). The featurizer's steps count allocations, so after a
+    /// loss they no longer line up with the iteration's: a forecast from the last
+    /// iteration's same step (what the seasonal base and the LSTM's input copy) would
+    /// be of another part of it, a rise already past, say. Until the next iteration
+    /// boundary fed, forecasts are published with `reference` false and drive nothing.
+    pub fn mark_gap(&mut self) {
+        self.gap = true;
     }
 
     /// Scores the forecasts whose horizon ends with `step`. O(horizon).
@@ -405,6 +419,10 @@ impl Engine {
     /// step the forecaster answers for). O(events) + one forecast per step.
     pub fn feed(&mut self, events: &[Code], mut publish: impl FnMut(&Forecast)) {
         for &e in events {
+            if e == BOUNDARY {
+                // Steps restart at the boundary: in phase again.
+                self.gap = false;
+            }
             let Some(step) = self.feat.feed(e) else {
                 continue;
             };
@@ -412,7 +430,8 @@ impl Engine {
             self.score(&step);
             self.out.step_index = step.index;
             self.out.live_bytes = step.live_bytes;
-            self.out.reference = step.prev_iteration_steps > 0 || self.forecaster.knows_future();
+            self.out.reference =
+                !self.gap && (step.prev_iteration_steps > 0 || self.forecaster.knows_future());
             self.out.peak = None;
             if self
                 .forecaster
@@ -555,6 +574,34 @@ mod tests {
             }
         }
         assert!(!got.is_empty());
+    }
+
+    #[test]
+    fn forecasts_after_lost_events_have_no_basis_until_a_boundary() {
+        // Three steps an iteration (48 allocations and frees).
+        let iteration: Vec<Code> = std::iter::once(BOUNDARY)
+            .chain((0..48u64).flat_map(|k| {
+                let b = (k % 5 + 1) << 20;
+                [encode_alloc(b), encode_free(b)]
+            }))
+            .collect();
+        let mut e = Engine::new(
+            StepConfig::default(),
+            Box::new(SeasonalForecaster { horizon: 2 }),
+        );
+        let mut got = Vec::new();
+        e.feed(&iteration.repeat(2), |f| got.push(f.reference));
+        assert!(got.last() == Some(&true), "{got:?}");
+        // Events lost mid-iteration: the rest of it drives nothing.
+        e.feed(&iteration[..33], |_| {});
+        e.mark_gap();
+        got.clear();
+        e.feed(&iteration[33..], |f| got.push(f.reference));
+        assert!(!got.is_empty() && got.iter().all(|r| !r), "{got:?}");
+        // The next boundary re-aligns the steps.
+        got.clear();
+        e.feed(&iteration, |f| got.push(f.reference));
+        assert!(!got.is_empty() && got.iter().all(|&r| r), "{got:?}");
     }
 
     #[test]

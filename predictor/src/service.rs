@@ -9,8 +9,10 @@
 //! the chunk and counts it) and reads the latest
 //! [`Forecast`] with [`latest`](ForecastService::latest), a seqlock read over atomics:
 //! it never takes a lock and never waits for the service thread. A dropped chunk means
-//! the featurizer misses those events: its live bytes and steps drift until the next
-//! iteration boundary re-aligns the phases, forecasts degrade, the allocator never
+//! the featurizer misses those events: its live bytes are re-aligned at the next chunk
+//! (`EventChunk::live`), but its steps are out of phase with the iteration until the
+//! next iteration boundary, so the forecasts made in between are published without a
+//! basis (`Forecast::reference` false: they drive nothing). The allocator never
 //! stalls.
 //!
 //! Costs on the allocating thread, measured in docs/predictive.md: a push (a copy of
@@ -212,6 +214,10 @@ struct Shared {
     /// per dropped boundary: an iteration, not an event), and those carried.
     lost_boundaries: AtomicU64,
     carried: AtomicU64,
+    /// Chunks dropped that did not end at a boundary (written by the allocating
+    /// thread, on the drop path only): the service thread tells the engine its steps
+    /// have a gap ([`Engine::mark_gap`]).
+    lost_chunks: AtomicU64,
 }
 
 /// See the module docs.
@@ -261,6 +267,7 @@ impl ForecastService {
             publications: AtomicU64::new(0),
             lost_boundaries: AtomicU64::new(0),
             carried: AtomicU64::new(0),
+            lost_chunks: AtomicU64::new(0),
         });
         let s = shared.clone();
         let forecaster = engine.forecaster_name();
@@ -295,9 +302,7 @@ impl ForecastService {
         let ok = self.handle.is_some() && !q.is_full() && q.push(*chunk).is_ok();
         if !ok {
             self.dropped += 1;
-            if chunk.len > 0 && chunk.as_slice().last() == Some(&BOUNDARY) {
-                self.shared.lost_boundaries.fetch_add(1, Ordering::Relaxed);
-            }
+            self.lost(chunk.as_slice());
         }
         ok
     }
@@ -308,8 +313,19 @@ impl ForecastService {
     pub fn skip(&mut self, events: &[Code]) {
         self.submitted += 1;
         self.dropped += 1;
+        self.lost(events);
+    }
+
+    /// A dropped chunk's events: a boundary ending them is carried; events lost after
+    /// the last boundary put the engine's steps out of phase (a gap). A chunk that ends
+    /// at a boundary lost only the end of an iteration, which the carried boundary
+    /// closes: no gap.
+    #[cold]
+    fn lost(&self, events: &[Code]) {
         if events.last() == Some(&BOUNDARY) {
             self.shared.lost_boundaries.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.shared.lost_chunks.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -369,6 +385,7 @@ fn serve(mut engine: Engine, shared: Arc<Shared>, quantum: u64) {
     // The last published forecast's peak of live bytes and basis.
     let mut last: Option<(f64, bool)> = None;
     let mut lost_seen = 0u64;
+    let mut gaps_seen = 0u64;
     let mut publish = |f: &Forecast| {
         shared.forecasts.fetch_add(1, Ordering::Relaxed);
         let peak = f.live_bytes as f64 + f.horizon_peak_rise(f64::MAX).unwrap_or(0.0);
@@ -403,6 +420,14 @@ fn serve(mut engine: Engine, shared: Arc<Shared>, quantum: u64) {
             let Some(chunk) = chunk else {
                 break;
             };
+            // Chunks dropped before this one (the drop's count is written before the
+            // later chunk is pushed, and the queue orders the two): its steps lost
+            // events, so its forecasts have no basis until a boundary re-aligns them.
+            let gaps = shared.lost_chunks.load(Ordering::Relaxed);
+            if gaps != gaps_seen {
+                gaps_seen = gaps;
+                engine.mark_gap();
+            }
             n += 1;
             engine.set_live(chunk.live);
             engine.feed(chunk.as_slice(), &mut publish);

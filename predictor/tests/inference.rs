@@ -505,3 +505,74 @@ fn the_peak_rise_is_scored_over_the_horizon() {
     let (name, best) = r.best_peak_baseline();
     assert!(best <= got && r.peak_rise[&name].wape == best);
 }
+
+#[test]
+fn a_chunk_dropped_mid_iteration_leaves_the_forecasts_without_a_basis_until_a_boundary() {
+    use memcast_predictor::forecaster::{encode_alloc, encode_free, SeasonalForecaster, BOUNDARY};
+    use memcast_predictor::{Engine, EventChunk};
+    use std::time::{Duration, Instant};
+    // A step is 16 allocations: a chunk of 16 allocation-free pairs closes one.
+    let mut step = EventChunk::default();
+    for (i, e) in step.events.iter_mut().enumerate() {
+        *e = if i % 2 == 0 {
+            encode_alloc(1 << 20)
+        } else {
+            encode_free(1 << 20)
+        };
+    }
+    step.len = step.events.len();
+    let mut boundary = EventChunk::default();
+    boundary.events[0] = BOUNDARY;
+    boundary.len = 1;
+    let engine = Engine::new(
+        StepConfig::default(),
+        Box::new(SeasonalForecaster { horizon: 2 }),
+    );
+    let mut svc = ForecastService::start(engine, 1, 0).unwrap();
+    // Hands a chunk over once the queue has room, and waits until it is processed.
+    let send = |svc: &mut ForecastService, c: &EventChunk| {
+        let t0 = Instant::now();
+        while !svc.has_room() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the queue never drained"
+            );
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let before = svc.stats().processed;
+        assert!(svc.submit(c));
+        while svc.stats().processed == before {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the chunk was not processed"
+            );
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    };
+    // Two iterations of eight steps: forecasts from the second have a basis.
+    for _ in 0..2 {
+        send(&mut svc, &boundary);
+        for _ in 0..8 {
+            send(&mut svc, &step);
+        }
+    }
+    assert!(svc.latest().unwrap().reference);
+    // A step's chunk dropped (the queue of one full), then the iteration goes on.
+    let t0 = Instant::now();
+    while svc.submit(&step) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no chunk was dropped"
+        );
+    }
+    for _ in 0..3 {
+        send(&mut svc, &step);
+    }
+    assert!(!svc.latest().unwrap().reference, "{:?}", svc.stats());
+    // The next iteration is in phase again.
+    send(&mut svc, &boundary);
+    for _ in 0..3 {
+        send(&mut svc, &step);
+    }
+    assert!(svc.latest().unwrap().reference, "{:?}", svc.stats());
+}
