@@ -445,6 +445,12 @@ impl Engine {
                 }
                 self.out.trust = self.trust;
                 self.out.seen_rise = self.seen_rise as u64;
+                // A forecaster that knows the future needs no bound from the past.
+                self.out.level_envelope = if self.forecaster.knows_future() {
+                    u64::MAX
+                } else {
+                    self.feat.feat.level_envelope().unwrap_or(u64::MAX)
+                };
                 publish(&self.out);
             }
         }

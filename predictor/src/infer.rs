@@ -61,6 +61,10 @@ pub struct Forecast {
     /// The largest peak rise of live bytes this run has shown over one horizon so far
     /// (bytes): a forecast rise beyond it is a bet on something never seen.
     pub seen_rise: u64,
+    /// The peak of live bytes the copy-and-rescale base implies for this iteration
+    /// (`StepFeaturizer::level_envelope`; `u64::MAX` where there is none): a forecast
+    /// level above it is a bet on a peak no earlier iteration, rescaled, reached.
+    pub level_envelope: u64,
     pub horizon: usize,
     /// `bytes[h - 1][c]`: channel `c` (see `memcast_trace::features::CHANNELS`) of the
     /// `h`-th next step. Entries past `horizon` are 0.
@@ -95,6 +99,7 @@ impl Default for Forecast {
             reference: false,
             trust: 0.0,
             seen_rise: 0,
+            level_envelope: u64::MAX,
             horizon: 0,
             bytes: [[0.0; CHANNELS]; MAX_HORIZON],
             peak: None,

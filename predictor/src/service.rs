@@ -89,6 +89,7 @@ pub struct Published {
     reference: AtomicU64,
     trust: AtomicU64,
     seen_rise: AtomicU64,
+    level_envelope: AtomicU64,
     horizon: AtomicU64,
     /// `Forecast::peak`'s bits; [`NO_PEAK`] for `None`.
     peak: AtomicU64,
@@ -108,6 +109,7 @@ impl Default for Published {
             reference: AtomicU64::new(0),
             trust: AtomicU64::new(0),
             seen_rise: AtomicU64::new(0),
+            level_envelope: AtomicU64::new(u64::MAX),
             horizon: AtomicU64::new(0),
             peak: AtomicU64::new(NO_PEAK),
             bytes: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -127,6 +129,8 @@ impl Published {
             .store(u64::from(f.reference), Ordering::Relaxed);
         self.trust.store(f.trust.to_bits(), Ordering::Relaxed);
         self.seen_rise.store(f.seen_rise, Ordering::Relaxed);
+        self.level_envelope
+            .store(f.level_envelope, Ordering::Relaxed);
         self.horizon.store(f.horizon as u64, Ordering::Relaxed);
         let peak = match f.peak {
             None => NO_PEAK,
@@ -166,6 +170,7 @@ impl Published {
                 reference: self.reference.load(Ordering::Relaxed) != 0,
                 trust: f64::from_bits(self.trust.load(Ordering::Relaxed)),
                 seen_rise: self.seen_rise.load(Ordering::Relaxed),
+                level_envelope: self.level_envelope.load(Ordering::Relaxed),
                 horizon: self.horizon.load(Ordering::Relaxed) as usize,
                 peak: match self.peak.load(Ordering::Relaxed) {
                     NO_PEAK => None,

@@ -509,6 +509,23 @@ impl StepFeaturizer {
         step
     }
 
+    /// The previous iteration's peak of live bytes rescaled by this iteration's demand
+    /// so far (its requested bytes over the previous iteration's at the same step, at
+    /// least 1): the peak the copy-and-rescale base implies for this iteration, or
+    /// `None` before an iteration has ended. Static memory is rescaled too, so it bounds
+    /// a proportional rise from above. O(1).
+    pub fn level_envelope(&self) -> Option<u64> {
+        if self.prev.is_empty() {
+            return None;
+        }
+        let r = if self.cur_repeat {
+            1.0
+        } else {
+            self.last_ratio.max(1.0)
+        };
+        Some((self.prev_peak_live as f64 * r).min(u64::MAX as f64) as u64)
+    }
+
     /// Seasonal-naive forecast of the step `h >= 1` steps after the last closed one:
     /// the same phase of the previous iteration; past its end, the matching step of the
     /// current iteration (the next iteration starts as this one did); once the current

@@ -247,3 +247,31 @@ fn steps_and_features_equal_the_reference_on_bundled_real_traces() {
         assert!(n > 100, "{}: only {n} steps", b.name);
     }
 }
+
+#[test]
+fn the_level_envelope_is_the_last_peak_rescaled_by_this_iterations_demand() {
+    // Iterations of 16 allocations of `b` (one step each) freed at its end.
+    let iteration = |f: &mut StepFeaturizer, b: u64, steps: usize| {
+        f.boundary();
+        for _ in 0..steps * 16 {
+            f.push_alloc(b, 0);
+        }
+        for _ in 0..steps * 16 {
+            f.push_free(b, 0);
+        }
+    };
+    let mut f = StepFeaturizer::new(StepConfig::default());
+    assert_eq!(f.level_envelope(), None);
+    iteration(&mut f, 100, 2);
+    // One step of the next iteration, at the same size: the last peak, 3,200 bytes.
+    f.boundary();
+    for _ in 0..16 {
+        f.push_alloc(100, 0);
+    }
+    assert_eq!(f.level_envelope(), Some(3200));
+    // Then twice the size: requested so far 4,800 against 3,200 at the same step.
+    for _ in 0..16 {
+        f.push_alloc(200, 0);
+    }
+    assert_eq!(f.level_envelope(), Some(4800));
+}

@@ -366,6 +366,7 @@ impl<B: DeviceBackend> Allocator<B> {
             ?advice,
             trust = f.trust,
             seen_rise = f.seen_rise,
+            envelope = f.level_envelope,
             live = f.live_bytes,
             step = f.step_index,
             allocated = state.allocated,

@@ -20,7 +20,11 @@
 //! moves forward in time the growth of rises like those already seen; a rise beyond
 //! every earlier one (a new, larger input shape, or a forecast gone wrong: both
 //! happen, and only the first is worth memory) is met at the miss, as the reactive
-//! allocator meets it. With `free = reserved - allocated`:
+//! allocator meets it. Nor is a level above `Forecast::level_envelope`, the previous
+//! iteration's peak of live bytes rescaled by this iteration's demand so far: `need`
+//! counts at most `envelope - requested now`. A forecast can rise no more than the run
+//! has risen and yet double a peak: predicting, from a point where live bytes already
+//! hold an iteration's climb, the whole climb again. With `free = reserved - allocated`:
 //! - **grow** (`Actions::grow`): if `need >= free + chunk`, [`Advice::EnsureFree`] for
 //!   `need`, `chunk` being the reactive growth chunk (the device grows by at least a
 //!   chunk either way). A shortfall of less than a chunk is left to the miss: growing
@@ -115,6 +119,9 @@ impl ForecastPolicy {
     /// forecast without a basis (`Forecast::reference`) drives nothing.
     pub fn plan(&self, f: &Forecast, s: &State) -> Option<Advice> {
         let (ahead, trust) = forecast_ahead(f, s.requested, s.capacity)?;
+        // A peak above the previous iteration's, rescaled by this one's demand so far,
+        // is not bet on either (see the module docs).
+        let ahead = ahead.min(f.level_envelope.saturating_sub(s.requested));
         // Requests below `small_max` live in slab segments, which grow on their own:
         // the large segment is grown for the large share of the forecast demand.
         let n = f.horizon.min(f.bytes.len());
@@ -127,6 +134,15 @@ impl ForecastPolicy {
             1.0
         };
         let need = ((ahead as f64) * large_share * trust).min(s.capacity as f64) as u64;
+        tracing::trace!(
+            step = f.step_index,
+            live = f.live_bytes,
+            envelope = f.level_envelope,
+            need,
+            requested = s.requested,
+            reserved = s.reserved,
+            "forecast read"
+        );
         self.target
             .bytes
             .store(s.allocated.saturating_add(need), Ordering::Relaxed);
@@ -226,6 +242,47 @@ mod tests {
         assert_eq!(peak_rise(&fc(&[(f64::NAN, 0.0, 0.0)]), 1000), None);
         assert_eq!(peak_rise(&fc(&[(1e300, 0.0, 1e300)]), 1000), Some(1000));
         assert!(fc(&[]).bytes.len() == MAX_HORIZON);
+    }
+
+    #[test]
+    fn a_forecast_above_the_level_envelope_grows_nothing() {
+        let p = ForecastPolicy {
+            actions: Actions::all(),
+            chunk: 32,
+            span_allocs: 80,
+            target: Arc::default(),
+        };
+        let s = State {
+            stream: 0,
+            growable: true,
+            requested: 100,
+            allocated: 100,
+            reserved: 110,
+            free: 10,
+            capacity: 10_000,
+            allocs: 7,
+        };
+        let target = |p: &ForecastPolicy| p.target.bytes.load(Ordering::Relaxed);
+        // 200 more bytes ahead, within a rise the run has shown, up to a level of 300.
+        let up = fc(&[(200.0, 0.0, 200.0)]);
+        assert!(p.plan(&up, &s).is_some());
+        assert_eq!(target(&p), 300);
+        // The previous iteration, rescaled, peaked at 140: 40 more at most, less than
+        // a chunk beyond the 10 free: no growth ahead, and the miss grows to 140 at
+        // most.
+        let capped = Forecast {
+            level_envelope: 140,
+            ..up
+        };
+        assert_eq!(p.plan(&capped, &s), None);
+        assert_eq!(target(&p), 140);
+        // At or below live bytes already: nothing ahead at all.
+        let below = Forecast {
+            level_envelope: 90,
+            ..up
+        };
+        assert_eq!(p.plan(&below, &s), None);
+        assert_eq!(target(&p), 100);
     }
 
     #[test]
