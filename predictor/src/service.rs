@@ -12,8 +12,9 @@
 //! the featurizer misses those events: its live bytes are re-aligned at the next chunk
 //! (`EventChunk::live`), but its steps are out of phase with the iteration until the
 //! next iteration boundary, so the forecasts made in between are published without a
-//! basis (`Forecast::reference` false: they drive nothing). The allocator never
-//! stalls.
+//! basis (`Forecast::reference` false: they drive nothing). What was lost travels with
+//! the next chunk queued ([`Lost`]), so the thread applies it where it happened. The
+//! allocator never stalls.
 //!
 //! Costs on the allocating thread, measured in docs/predictive.md: a push (a copy of
 //! 80 bytes and a compare-and-swap) per 16 events, attempted only while the queue
@@ -60,6 +61,37 @@ pub struct EventChunk {
     pub live: u64,
     pub len: usize,
     pub events: [Code; CHUNK],
+    /// What was lost just before this chunk (set by [`ForecastService::submit`]):
+    /// the loss travels with the next chunk the queue takes, so that the service
+    /// thread applies it exactly where it happened, not when it first notices it.
+    pub lost: Lost,
+}
+
+/// Chunks dropped since the last chunk queued: iteration boundaries that ended some
+/// of them, and whether events were lost after the last of those boundaries (a gap:
+/// the engine's steps are out of phase until the next boundary).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lost {
+    pub boundaries: u32,
+    pub gap: bool,
+}
+
+impl Lost {
+    /// Records a dropped chunk's events. A boundary ending them closes whatever was
+    /// lost before it (the next iteration starts in phase); events lost without one
+    /// open a gap. O(1).
+    pub fn add(&mut self, events: &[Code]) {
+        if events.last() == Some(&BOUNDARY) {
+            self.boundaries = self.boundaries.saturating_add(1);
+            self.gap = false;
+        } else if !events.is_empty() {
+            self.gap = true;
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Lost::default()
+    }
 }
 
 impl Default for EventChunk {
@@ -68,6 +100,7 @@ impl Default for EventChunk {
             live: 0,
             len: 0,
             events: [0; CHUNK],
+            lost: Lost::default(),
         }
     }
 }
@@ -215,14 +248,10 @@ struct Shared {
     processed: AtomicU64,
     forecasts: AtomicU64,
     publications: AtomicU64,
-    /// Boundaries that ended dropped chunks (written by the allocating thread, once
-    /// per dropped boundary: an iteration, not an event), and those carried.
-    lost_boundaries: AtomicU64,
+    /// Boundaries of dropped chunks the engine was given.
     carried: AtomicU64,
-    /// Chunks dropped that did not end at a boundary (written by the allocating
-    /// thread, on the drop path only): the service thread tells the engine its steps
-    /// have a gap ([`Engine::mark_gap`]).
-    lost_chunks: AtomicU64,
+    /// Boundaries lost after the last chunk queued, written at the stop.
+    final_boundaries: AtomicU64,
 }
 
 /// See the module docs.
@@ -232,6 +261,8 @@ pub struct ForecastService {
     forecaster: &'static str,
     submitted: u64,
     dropped: u64,
+    /// Lost since the last chunk queued; handed over with the next one.
+    lost: Lost,
 }
 
 impl std::fmt::Debug for ForecastService {
@@ -270,9 +301,8 @@ impl ForecastService {
             processed: AtomicU64::new(0),
             forecasts: AtomicU64::new(0),
             publications: AtomicU64::new(0),
-            lost_boundaries: AtomicU64::new(0),
             carried: AtomicU64::new(0),
-            lost_chunks: AtomicU64::new(0),
+            final_boundaries: AtomicU64::new(0),
         });
         let s = shared.clone();
         let forecaster = engine.forecaster_name();
@@ -288,6 +318,7 @@ impl ForecastService {
             forecaster,
             submitted: 0,
             dropped: 0,
+            lost: Lost::default(),
         })
     }
 
@@ -304,10 +335,14 @@ impl ForecastService {
     pub fn submit(&mut self, chunk: &EventChunk) -> bool {
         self.submitted += 1;
         let q = &self.shared.queue;
-        let ok = self.handle.is_some() && !q.is_full() && q.push(*chunk).is_ok();
-        if !ok {
+        let mut c = *chunk;
+        c.lost = self.lost;
+        let ok = self.handle.is_some() && !q.is_full() && q.push(c).is_ok();
+        if ok {
+            self.lost = Lost::default();
+        } else {
             self.dropped += 1;
-            self.lost(chunk.as_slice());
+            self.lost.add(chunk.as_slice());
         }
         ok
     }
@@ -318,20 +353,7 @@ impl ForecastService {
     pub fn skip(&mut self, events: &[Code]) {
         self.submitted += 1;
         self.dropped += 1;
-        self.lost(events);
-    }
-
-    /// A dropped chunk's events: a boundary ending them is carried; events lost after
-    /// the last boundary put the engine's steps out of phase (a gap). A chunk that ends
-    /// at a boundary lost only the end of an iteration, which the carried boundary
-    /// closes: no gap.
-    #[cold]
-    fn lost(&self, events: &[Code]) {
-        if events.last() == Some(&BOUNDARY) {
-            self.shared.lost_boundaries.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.shared.lost_chunks.fetch_add(1, Ordering::Relaxed);
-        }
+        self.lost.add(events);
     }
 
     /// Whether the queue has room for a chunk now (two atomic loads).
@@ -371,6 +393,12 @@ impl ForecastService {
     }
 
     fn stop_and_join(&mut self) {
+        // Boundaries lost after the last chunk queued: the thread feeds one after the
+        // queue (the stop's release orders this store before its acquire).
+        self.shared
+            .final_boundaries
+            .store(u64::from(self.lost.boundaries), Ordering::Relaxed);
+        self.lost = Lost::default();
         self.shared.stop.store(true, Ordering::Release);
         if let Some(h) = self.handle.take() {
             h.thread().unpark();
@@ -389,8 +417,6 @@ fn serve(mut engine: Engine, shared: Arc<Shared>, quantum: u64) {
     let mut idle = IDLE_MIN;
     // The last published forecast's peak of live bytes and basis.
     let mut last: Option<(f64, bool)> = None;
-    let mut lost_seen = 0u64;
-    let mut gaps_seen = 0u64;
     let mut publish = |f: &Forecast| {
         shared.forecasts.fetch_add(1, Ordering::Relaxed);
         let peak = f.live_bytes as f64 + f.horizon_peak_rise(f64::MAX).unwrap_or(0.0);
@@ -408,29 +434,21 @@ fn serve(mut engine: Engine, shared: Arc<Shared>, quantum: u64) {
         let stopping = shared.stop.load(Ordering::Acquire);
         let mut n = 0;
         while stopping || n < BURST {
-            let chunk = shared.queue.pop();
-            // Boundaries of dropped chunks: one boundary before the next chunk (or at
-            // the stop), however many were lost since the last.
-            let lost = shared.lost_boundaries.load(Ordering::Relaxed);
-            if lost != lost_seen && (chunk.is_some() || stopping) {
-                shared
-                    .carried
-                    .fetch_add(lost - lost_seen, Ordering::Relaxed);
-                lost_seen = lost;
-                if let Some(c) = &chunk {
-                    engine.set_live(c.live);
-                }
-                engine.feed(&[BOUNDARY], &mut publish);
-            }
-            let Some(chunk) = chunk else {
+            let Some(chunk) = shared.queue.pop() else {
                 break;
             };
-            // Chunks dropped before this one (the drop's count is written before the
-            // later chunk is pushed, and the queue orders the two): its steps lost
-            // events, so its forecasts have no basis until a boundary re-aligns them.
-            let gaps = shared.lost_chunks.load(Ordering::Relaxed);
-            if gaps != gaps_seen {
-                gaps_seen = gaps;
+            // What was dropped just before this chunk: one boundary however many were
+            // lost (the engine's steps restart at it), then, if events were lost after
+            // the last of them, a gap until the next boundary.
+            let lost = chunk.lost;
+            if lost.boundaries > 0 {
+                shared
+                    .carried
+                    .fetch_add(u64::from(lost.boundaries), Ordering::Relaxed);
+                engine.set_live(chunk.live);
+                engine.feed(&[BOUNDARY], &mut publish);
+            }
+            if lost.gap {
                 engine.mark_gap();
             }
             n += 1;
@@ -439,7 +457,13 @@ fn serve(mut engine: Engine, shared: Arc<Shared>, quantum: u64) {
             shared.processed.fetch_add(1, Ordering::Relaxed);
         }
         if stopping {
-            // Everything queued before the stop was seen is done.
+            // Everything queued before the stop was seen is done; then the boundaries
+            // lost after it.
+            let b = shared.final_boundaries.load(Ordering::Relaxed);
+            if b > 0 {
+                shared.carried.fetch_add(b, Ordering::Relaxed);
+                engine.feed(&[BOUNDARY], &mut publish);
+            }
             return;
         }
         if n == BURST {

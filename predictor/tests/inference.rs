@@ -358,6 +358,9 @@ fn boundaries_of_dropped_chunks_reach_the_engine() {
                 accepted += 1;
             } else {
                 lost += 1;
+                // Let the thread take the queued chunk, so that later chunks (which
+                // carry the loss) are queued and iterations form.
+                std::thread::sleep(std::time::Duration::from_millis(2));
             }
         }
     }
@@ -473,6 +476,67 @@ fn the_peak_head_is_read_saved_and_published() {
             _ => assert_eq!(got, peak),
         }
     }
+    // And every other field, the level envelope among them.
+    let all = Forecast {
+        step_index: 9,
+        live_bytes: 1 << 33,
+        reference: true,
+        trust: 0.25,
+        seen_rise: 12345,
+        level_envelope: 67890,
+        peak: Some(3.0),
+        ..f
+    };
+    p.write(&all);
+    assert_eq!(p.read(), Some(all));
+}
+
+#[test]
+fn a_loss_travels_with_the_next_chunk_and_a_lost_boundary_closes_a_gap() {
+    use memcast_predictor::forecaster::{encode_alloc, BOUNDARY};
+    use memcast_predictor::service::Lost;
+    let mid = [encode_alloc(1 << 20)];
+    let end = [encode_alloc(1 << 20), BOUNDARY];
+    // Events lost mid-iteration, then the chunk that ended it: the next iteration
+    // starts in phase.
+    let mut l = Lost::default();
+    l.add(&mid);
+    assert_eq!(
+        l,
+        Lost {
+            boundaries: 0,
+            gap: true
+        }
+    );
+    l.add(&end);
+    assert_eq!(
+        l,
+        Lost {
+            boundaries: 1,
+            gap: false
+        }
+    );
+    // A boundary lost, then events of the next iteration: a gap after it.
+    l.add(&mid);
+    assert_eq!(
+        l,
+        Lost {
+            boundaries: 1,
+            gap: true
+        }
+    );
+    l.add(&end);
+    l.add(&end);
+    assert_eq!(
+        l,
+        Lost {
+            boundaries: 3,
+            gap: false
+        }
+    );
+    let mut none = Lost::default();
+    none.add(&[]);
+    assert!(none.is_empty());
 }
 
 #[test]

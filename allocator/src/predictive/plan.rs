@@ -85,7 +85,8 @@ pub fn peak_rise(f: &Forecast, capacity: u64) -> Option<u64> {
 /// `live_bytes` keeps): `(max(0, L + min(rise, seen rise) - live), trust)`, with trust
 /// clamped to `[0, 1]` (0 if not finite); `None` for a forecast without a basis or with
 /// a non-finite value. The need formula of the module docs, shared by the allocator's
-/// plan and the predictive tiers. O(horizon).
+/// plan and the predictive tiers; the plan also bounds it by the level envelope, the
+/// tiers (whose figures were chosen without it) do not. O(horizon).
 pub fn forecast_ahead(f: &Forecast, live: u64, capacity: u64) -> Option<(u64, f64)> {
     if !f.reference {
         return None;

@@ -9,6 +9,7 @@
 //! silence, `warn` when unset. A filter that does not parse is reported on stderr and
 //! `warn` is used. A subscriber the process already has is kept.
 
+use std::io::Write;
 use std::sync::Once;
 
 use tracing_subscriber::EnvFilter;
@@ -33,7 +34,8 @@ pub fn init() {
     ONCE.call_once(|| {
         let value = std::env::var(LOG_ENV).ok();
         let f = filter(value.as_deref()).unwrap_or_else(|e| {
-            eprintln!("memcast: {e}");
+            // Not `eprintln!`: a closed stderr must not panic here (and poison this).
+            let _ = writeln!(std::io::stderr(), "memcast: {e}");
             EnvFilter::new("warn")
         });
         // `try_init`: a subscriber the process already set is kept.
