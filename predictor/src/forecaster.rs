@@ -582,15 +582,19 @@ mod tests {
         assert!(!got.is_empty());
     }
 
-    #[test]
-    fn forecasts_after_lost_events_have_no_basis_until_a_boundary() {
-        // Three steps an iteration (48 allocations and frees).
-        let iteration: Vec<Code> = std::iter::once(BOUNDARY)
+    /// A boundary, then 48 allocations each freed at once (three steps an iteration).
+    fn repeating_iteration() -> Vec<Code> {
+        std::iter::once(BOUNDARY)
             .chain((0..48u64).flat_map(|k| {
                 let b = (k % 5 + 1) << 20;
                 [encode_alloc(b), encode_free(b)]
             }))
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn forecasts_after_lost_events_have_no_basis_until_a_boundary() {
+        let iteration = repeating_iteration();
         let mut e = Engine::new(
             StepConfig::default(),
             Box::new(SeasonalForecaster { horizon: 2 }),
@@ -613,12 +617,7 @@ mod tests {
     #[test]
     fn seasonal_is_exact_on_a_repeating_stream_after_the_first_iteration() {
         // Same iteration three times: from the second on, seasonal is exact.
-        let iteration: Vec<Code> = std::iter::once(BOUNDARY)
-            .chain((0..48u64).flat_map(|k| {
-                let b = (k % 5 + 1) << 20;
-                [encode_alloc(b), encode_free(b)]
-            }))
-            .collect();
+        let iteration = repeating_iteration();
         let ev = iteration.repeat(3);
         let oracle = OracleForecaster::from_events(&ev, StepConfig::default(), 2);
         let mut truth = Engine::new(StepConfig::default(), Box::new(oracle));

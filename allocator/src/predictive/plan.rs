@@ -245,15 +245,19 @@ mod tests {
         assert!(fc(&[]).bytes.len() == MAX_HORIZON);
     }
 
-    #[test]
-    fn a_forecast_above_the_level_envelope_grows_nothing() {
-        let p = ForecastPolicy {
+    /// All actions, a chunk of 32, a forecast covering 80 allocations.
+    fn policy() -> ForecastPolicy {
+        ForecastPolicy {
             actions: Actions::all(),
             chunk: 32,
             span_allocs: 80,
             target: Arc::default(),
-        };
-        let s = State {
+        }
+    }
+
+    /// 100 bytes live and allocated, 110 reserved, 10 free.
+    fn state() -> State {
+        State {
             stream: 0,
             growable: true,
             requested: 100,
@@ -262,7 +266,12 @@ mod tests {
             free: 10,
             capacity: 10_000,
             allocs: 7,
-        };
+        }
+    }
+
+    #[test]
+    fn a_forecast_above_the_level_envelope_grows_nothing() {
+        let (p, s) = (policy(), state());
         let target = |p: &ForecastPolicy| p.target.bytes.load(Ordering::Relaxed);
         // 200 more bytes ahead, within a rise the run has shown, up to a level of 300.
         let up = fc(&[(200.0, 0.0, 200.0)]);
@@ -288,22 +297,7 @@ mod tests {
 
     #[test]
     fn plan_grows_before_a_rise_and_releases_after() {
-        let p = ForecastPolicy {
-            actions: Actions::all(),
-            chunk: 32,
-            span_allocs: 80,
-            target: Arc::default(),
-        };
-        let s = State {
-            stream: 0,
-            growable: true,
-            requested: 100,
-            allocated: 100,
-            reserved: 110,
-            free: 10,
-            capacity: 10_000,
-            allocs: 7,
-        };
+        let (p, s) = (policy(), state());
         // 200 more bytes ahead, 10 free: grow a chunk now; the miss may take the rest
         // (the target: 100 allocated + 200).
         let grow = Some(Advice::EnsureFree {
