@@ -17,7 +17,7 @@
 //! allocator never stalls.
 //!
 //! Costs on the allocating thread, measured in docs/predictive.md: a push (a copy of
-//! 80 bytes and a compare-and-swap) per 16 events, attempted only while the queue
+//! 88 bytes and a compare-and-swap) per 16 events, attempted only while the queue
 //! has room (a full queue drops the chunk before any byte is copied; the allocator
 //! then hands over every 256 events until it has room again, [`ForecastService::skip`]),
 //! and a version load that stays in its cache while nothing new is published. With a
