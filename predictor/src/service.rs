@@ -335,9 +335,14 @@ impl ForecastService {
     pub fn submit(&mut self, chunk: &EventChunk) -> bool {
         self.submitted += 1;
         let q = &self.shared.queue;
-        let mut c = *chunk;
-        c.lost = self.lost;
-        let ok = self.handle.is_some() && !q.is_full() && q.push(c).is_ok();
+        // Checked full before the copy: a drop copies nothing.
+        let ok = self.handle.is_some()
+            && !q.is_full()
+            && q.push(EventChunk {
+                lost: self.lost,
+                ..*chunk
+            })
+            .is_ok();
         if ok {
             self.lost = Lost::default();
         } else {
