@@ -62,7 +62,8 @@ ap.add_argument("--max-entries", type=int, default=10_000_000,
 ap.add_argument("--launch-blocking", action="store_true",
                 help="CUDA_LAUNCH_BLOCKING=1: event times follow the GPU's work")
 ap.add_argument("--memcast-trace", default="",
-                help="memcast mode: also record what memcast sees (warm-up included) to this .mctrace")
+                help="memcast mode: also record what memcast sees, from before the model is built "
+                     "(its parameters, the warm-up and every iteration), to this .mctrace")
 args = ap.parse_args()
 
 if args.mode == "expandable":
@@ -103,6 +104,9 @@ def history_on():
 
 if args.mode == "native" and args.from_start and not args.dry_run:
     history_on()
+# What memcast's featurizer sees in this process: the model's construction and the warm-up
+# fall in its first iteration (step() is called after each recorded iteration).
+rec = mt.record(args.memcast_trace) if (mt is not None and args.memcast_trace and not args.dry_run) else None
 job = builder()
 side = torch.cuda.Stream() if (job.side_stream and not args.dry_run) else None
 
@@ -121,7 +125,6 @@ if args.dry_run:
     print(f"{args.workload}: dry run ok ({time.time() - t0:.1f} s)")
     sys.exit(0)
 
-rec = mt.record(args.memcast_trace) if (mt is not None and args.memcast_trace) else None
 iteration()  # warm-up
 torch.cuda.synchronize()
 os.makedirs(args.out, exist_ok=True)

@@ -4,8 +4,10 @@
 //! Every allocation and free that reaches the library is an event; `memcast_step` is an
 //! iteration boundary. Allocations live when recording starts (parameters, optimizer
 //! state) become the trace's static blocks. Times are microseconds since the start.
-//! Zero-size allocations (PyTorch makes them: empty tensors) are left out, and their
-//! frees with them: a trace has no zero-size tensor (replay refuses one).
+//! Zero-size allocations (PyTorch makes them: empty tensors) are recorded as the 1-byte
+//! blocks memcast gives them: a trace has no zero-size tensor (replay refuses one), and
+//! a replay must count the allocations the job's allocator counted, or its forecaster
+//! cuts steps elsewhere than the job's did.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -29,8 +31,11 @@ impl Recorder {
     pub fn start(live: &Live) -> Self {
         let mut static_blocks: Vec<StaticBlock> = live
             .values()
-            .filter(|&&(bytes, _, _)| bytes > 0)
-            .map(|&(bytes, stream, id)| StaticBlock { id, bytes, stream })
+            .map(|&(bytes, stream, id)| StaticBlock {
+                id,
+                bytes: bytes.max(1),
+                stream,
+            })
             .collect();
         static_blocks.sort_by_key(|b| b.id);
         Recorder {
@@ -48,22 +53,21 @@ impl Recorder {
         t
     }
 
+    /// An allocation of `bytes` requested bytes (0 recorded as 1, see the module docs).
     pub fn alloc(&mut self, id: u64, bytes: u64, stream: u32) {
-        if bytes == 0 {
-            return;
-        }
         let time_us = self.now();
         self.events.push(Event {
             time_us,
-            kind: EventKind::Alloc { id, bytes, stream },
+            kind: EventKind::Alloc {
+                id,
+                bytes: bytes.max(1),
+                stream,
+            },
         });
     }
 
-    /// The free of tensor `id` of `bytes` requested bytes.
-    pub fn free(&mut self, id: u64, bytes: u64) {
-        if bytes == 0 {
-            return;
-        }
+    /// The free of tensor `id`.
+    pub fn free(&mut self, id: u64) {
         let time_us = self.now();
         self.events.push(Event {
             time_us,
@@ -119,10 +123,10 @@ mod tests {
         r.alloc(2, 512, 0);
         r.alloc(3, 0, 0);
         r.boundary();
-        r.free(2, 512);
-        r.free(3, 0);
-        r.free(9, 0);
-        r.free(1, 4096);
+        r.free(2);
+        r.free(3);
+        r.free(9);
+        r.free(1);
         let dir = std::env::temp_dir().join(format!("memcast-torch-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("run.mctrace");
@@ -131,9 +135,11 @@ mod tests {
         assert_eq!(back.static_blocks, t.static_blocks);
         assert_eq!(back.events, t.events);
         assert_eq!(back.meta.name, "run");
-        // Zero-size tensors are not in the trace; it replays.
-        assert_eq!(back.static_blocks.len(), 1);
-        assert_eq!(back.events.len(), 4);
+        // Zero-size tensors are the 1-byte blocks memcast gave them; it replays.
+        assert_eq!(back.static_blocks.len(), 2);
+        assert_eq!(back.static_blocks[1].bytes, 1);
+        assert_eq!(back.events.len(), 7);
+        assert!(matches!(back.events[1].kind, EventKind::Alloc { bytes: 1, .. }));
         memcast_alloc::replay::replay(&back, &Default::default()).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -141,7 +147,7 @@ mod tests {
     #[test]
     fn a_free_of_an_unknown_tensor_is_refused_at_finish() {
         let mut r = Recorder::start(&Live::new());
-        r.free(7, 16);
+        r.free(7);
         let path = std::env::temp_dir().join("memcast-torch-bad.mctrace");
         assert!(r.finish(&path, 0).is_err());
     }

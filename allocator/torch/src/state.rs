@@ -251,7 +251,7 @@ impl Device {
             if let Some((bytes, _, id)) = b.live.remove(&ptr) {
                 b.live_bytes -= bytes;
                 if let Some(r) = b.rec.as_mut() {
-                    r.free(id, bytes);
+                    r.free(id);
                 }
             }
         }
