@@ -423,11 +423,17 @@ impl Engine {
                 // Steps restart at the boundary: in phase again.
                 self.gap = false;
             }
+            // The step a first boundary closes holds the frees of the whole setup (and
+            // its peak: a model built, a warm-up step run), not one step's worth: a
+            // rise seen there is no rise an iteration makes in one horizon.
+            let setup_step = e == BOUNDARY && self.feat.setup;
             let Some(step) = self.feat.feed(e) else {
                 continue;
             };
             self.steps += 1;
-            self.score(&step);
+            if !setup_step {
+                self.score(&step);
+            }
             self.out.step_index = step.index;
             self.out.live_bytes = step.live_bytes;
             self.out.reference =
@@ -634,5 +640,34 @@ mod tests {
         for (g, w) in got.iter().zip(&want).skip(3).take(4) {
             assert_eq!(g.bytes[0][CH_TOTAL], w.bytes[0][CH_TOTAL]);
         }
+    }
+
+    #[test]
+    fn a_setup_is_no_rise_seen_and_bounds_the_level_only_until_passed() {
+        // Setup: a first free opens a step (a warm-up's), then a 1 GiB block is taken
+        // and given back (its activations): the first boundary closes that one step,
+        // holding the whole setup's rise.
+        let mut ev = vec![
+            encode_alloc(1 << 20),
+            encode_free(1 << 20),
+            encode_alloc(1 << 30),
+            encode_free(1 << 30),
+        ];
+        ev.extend(repeating_iteration().repeat(3));
+        let mut e = Engine::new(
+            StepConfig::default(),
+            Box::new(SeasonalForecaster { horizon: 2 }),
+        );
+        let mut got = Vec::new();
+        e.feed(&ev, |f| got.push(*f));
+        // The iterations' steps rise by a few MiB at most: the setup's GiB is not a
+        // rise seen. The setup's peak bounds the first iteration after it (which stays
+        // below it); later ones are bounded by the iteration before.
+        let last = got.last().unwrap();
+        assert!(last.reference);
+        assert!(last.seen_rise < 64 << 20, "seen rise {}", last.seen_rise);
+        let first_after_setup = got.iter().find(|f| f.reference).unwrap();
+        assert!(first_after_setup.level_envelope >= 1 << 30);
+        assert!(last.level_envelope < 64 << 20);
     }
 }

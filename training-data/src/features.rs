@@ -189,6 +189,11 @@ pub struct StepFeaturizer {
     cur_requested: u64,
     prev_requested: u64,
     cur_repeat: bool,
+    /// The current / previous iteration holds setup ([`push_setup`](Self::push_setup)):
+    /// what came before the first boundary (building the model, a warm-up), no
+    /// iteration whose level the next one repeats.
+    cur_setup: bool,
+    prev_setup: bool,
     last_ratio: f64,
     /// Recent absolute error (EWMA, in units of the scale) of each base candidate's
     /// next-step forecast of requested bytes, indexed by [`BaseKind`].
@@ -228,6 +233,8 @@ impl StepFeaturizer {
             cur_requested: 0,
             prev_requested: 0,
             cur_repeat: false,
+            cur_setup: false,
+            prev_setup: false,
             last_ratio: 1.0,
             err: [0.0; 3],
             cand: None,
@@ -246,6 +253,7 @@ impl StepFeaturizer {
     /// parameters and optimizer state) without a tensor id: counted in live bytes, in
     /// no step. What `add_static` does for the online path.
     pub fn push_setup(&mut self, bytes: u64) {
+        self.cur_setup = true;
         self.live = self.live.saturating_add(bytes);
         self.open_peak = self.open_peak.max(self.live);
         if self.open_start.is_none() {
@@ -372,7 +380,9 @@ impl StepFeaturizer {
             std::mem::swap(&mut self.prev, &mut self.cur);
             self.prev_peak_live = self.cur_peak_live;
             self.prev_requested = self.cur_requested;
+            self.prev_setup = self.cur_setup;
         }
+        self.cur_setup = false;
         self.cur.clear();
         self.cur_requested = 0;
         self.cur_peak_live = self.live;
@@ -513,10 +523,16 @@ impl StepFeaturizer {
     /// so far (its requested bytes over the previous iteration's at the same step, at
     /// least 1): the peak the copy-and-rescale base implies for this iteration, or
     /// `None` before an iteration has ended. Static memory is rescaled too, so it bounds
-    /// a proportional rise from above. O(1).
+    /// a proportional rise from above. After a setup ([`push_setup`](Self::push_setup):
+    /// the model built, a warm-up step, one-time allocations), which has no phases to
+    /// rescale by: the setup's peak until this iteration's peak passes it, then `None`
+    /// (the first iteration after a warm-up may well be larger: a larger batch). O(1).
     pub fn level_envelope(&self) -> Option<u64> {
         if self.prev.is_empty() {
             return None;
+        }
+        if self.prev_setup {
+            return (self.cur_peak_live <= self.prev_peak_live).then_some(self.prev_peak_live);
         }
         let r = if self.cur_repeat {
             1.0
@@ -535,7 +551,7 @@ impl StepFeaturizer {
         let Some(&last) = self.cur.last().or(self.prev.last()) else {
             return [0; CHANNELS];
         };
-        if self.prev.is_empty() {
+        if self.prev.is_empty() || self.prev_setup {
             return last;
         }
         // Phase of the target step. Right after a boundary `cur` is empty and the

@@ -275,3 +275,34 @@ fn the_level_envelope_is_the_last_peak_rescaled_by_this_iterations_demand() {
     }
     assert_eq!(f.level_envelope(), Some(4800));
 }
+
+#[test]
+fn after_a_setup_the_level_envelope_is_its_peak_until_passed() {
+    // Setup: 10,000 bytes registered, then freed (the frees of a warm-up open a step,
+    // which the first boundary closes: the setup's one step, peak 10,000 bytes).
+    let mut f = StepFeaturizer::new(StepConfig::default());
+    f.push_setup(10_000);
+    f.push_free(10_000, 0);
+    f.boundary();
+    // Below the setup's peak, the setup's peak bounds the level.
+    for _ in 0..16 {
+        f.push_alloc(500, 0);
+    }
+    assert_eq!(f.level_envelope(), Some(10_000));
+    // Past it (24,000 bytes live): nothing from the setup bounds this iteration.
+    for _ in 0..16 {
+        f.push_alloc(1_000, 0);
+    }
+    assert_eq!(f.level_envelope(), None);
+    for (b, n) in [(500, 16), (1_000, 16)] {
+        for _ in 0..n {
+            f.push_free(b, 0);
+        }
+    }
+    // The next iteration is bounded by that one's peak, rescaled as usual.
+    f.boundary();
+    for _ in 0..16 {
+        f.push_alloc(500, 0);
+    }
+    assert_eq!(f.level_envelope(), Some(24_000));
+}

@@ -139,6 +139,8 @@ impl ForecastPolicy {
             step = f.step_index,
             live = f.live_bytes,
             envelope = f.level_envelope,
+            seen_rise = f.seen_rise,
+            trust = f.trust,
             need,
             requested = s.requested,
             reserved = s.reserved,
