@@ -139,7 +139,10 @@ mod tests {
         assert_eq!(back.static_blocks.len(), 2);
         assert_eq!(back.static_blocks[1].bytes, 1);
         assert_eq!(back.events.len(), 7);
-        assert!(matches!(back.events[1].kind, EventKind::Alloc { bytes: 1, .. }));
+        assert!(matches!(
+            back.events[1].kind,
+            EventKind::Alloc { bytes: 1, .. }
+        ));
         memcast_alloc::replay::replay(&back, &Default::default()).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
