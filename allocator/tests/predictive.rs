@@ -615,10 +615,11 @@ fn presplit_lays_out_the_forecast_iteration_and_the_oracles_is_exact() {
 /// A GPT-2 job of random sequence lengths as memcast saw it on an H100, from before
 /// the model was built (`training-data/corpus/jobs/gpt2_dynseq_b8_bf16_job_complete.mctrace`):
 /// its setup (the model built, the warm-up, the first iteration) ends at the first
-/// boundary in one step that holds the setup's whole climb. Counted as a rise seen and
-/// as a level to rescale, it let a forecast predict that climb again from near the
-/// peak: predictive mode reserved 60.05% above the peak of requested bytes here
-/// (reactive 6.95%), as the job did on the GPU (57.52%).
+/// boundary in one step that holds the setup's whole climb. With that step counted as
+/// a rise seen and no level envelope (the rule before both), a forecast predicted the
+/// climb again from near the peak: predictive mode reserved 60.05% above the peak of
+/// requested bytes here (reactive 6.95%), as the job did on the GPU (57.52%). Either
+/// bound alone prevents it; the test fails with both taken out.
 #[test]
 fn a_jobs_setup_does_not_make_a_forecast_climb_its_peak_again() {
     use memcast_alloc::replay::{replay, Policy, ReplayOptions};

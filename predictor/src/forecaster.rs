@@ -425,7 +425,9 @@ impl Engine {
             }
             // The step a first boundary closes holds the frees of the whole setup (and
             // its peak: a model built, a warm-up step run), not one step's worth: a
-            // rise seen there is no rise an iteration makes in one horizon.
+            // rise seen there is no rise an iteration makes in one horizon, and a
+            // forecast made there (a copy of it, for the seasonal base) is no forecast
+            // whose coming true says anything of the next ones: neither is scored.
             let setup_step = e == BOUNDARY && self.feat.setup;
             let Some(step) = self.feat.feed(e) else {
                 continue;
@@ -445,7 +447,7 @@ impl Engine {
             {
                 self.forecasts += 1;
                 if let Some(r) = self.out.horizon_peak_rise(f64::MAX) {
-                    if r >= TRUST_MIN_RISE {
+                    if r >= TRUST_MIN_RISE && !setup_step {
                         self.open.push_back((step.index, r));
                     }
                 }
@@ -643,7 +645,7 @@ mod tests {
     }
 
     #[test]
-    fn a_setup_is_no_rise_seen_and_bounds_the_level_only_until_passed() {
+    fn a_setup_is_neither_a_rise_seen_nor_a_forecast_scored() {
         // Setup: a first free opens a step (a warm-up's), then a 1 GiB block is taken
         // and given back (its activations): the first boundary closes that one step,
         // holding the whole setup's rise.
@@ -661,11 +663,14 @@ mod tests {
         let mut got = Vec::new();
         e.feed(&ev, |f| got.push(*f));
         // The iterations' steps rise by a few MiB at most: the setup's GiB is not a
-        // rise seen. The setup's peak bounds the first iteration after it (which stays
-        // below it); later ones are bounded by the iteration before.
+        // rise seen, and the forecast made at the setup's step (the seasonal copy of
+        // its GiB) costs no trust: the repeats are forecast exactly. The setup's peak
+        // bounds the first iteration after it (which stays below it); later ones are
+        // bounded by the iteration before.
         let last = got.last().unwrap();
         assert!(last.reference);
         assert!(last.seen_rise < 64 << 20, "seen rise {}", last.seen_rise);
+        assert!(last.trust > 0.99, "trust {}", last.trust);
         let first_after_setup = got.iter().find(|f| f.reference).unwrap();
         assert!(first_after_setup.level_envelope >= 1 << 30);
         assert!(last.level_envelope < 64 << 20);

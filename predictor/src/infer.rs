@@ -59,11 +59,13 @@ pub struct Forecast {
     /// it.
     pub trust: f64,
     /// The largest peak rise of live bytes this run has shown over one horizon so far
-    /// (bytes): a forecast rise beyond it is a bet on something never seen.
+    /// (bytes), the setup before the first boundary left out: a forecast rise beyond it
+    /// is a bet on something never seen.
     pub seen_rise: u64,
     /// The peak of live bytes the copy-and-rescale base implies for this iteration
-    /// (`StepFeaturizer::level_envelope`; `u64::MAX` where there is none): a forecast
-    /// level above it is a bet on a peak no earlier iteration, rescaled, reached.
+    /// (`StepFeaturizer::level_envelope`; `u64::MAX` where there is none, as after a
+    /// setup once this iteration has passed its peak): a forecast level above it is a
+    /// bet on a peak no earlier iteration, rescaled, reached.
     pub level_envelope: u64,
     pub horizon: usize,
     /// `bytes[h - 1][c]`: channel `c` (see `memcast_trace::features::CHANNELS`) of the

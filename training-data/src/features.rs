@@ -189,9 +189,10 @@ pub struct StepFeaturizer {
     cur_requested: u64,
     prev_requested: u64,
     cur_repeat: bool,
-    /// The current / previous iteration holds setup ([`push_setup`](Self::push_setup)):
-    /// what came before the first boundary (building the model, a warm-up), no
-    /// iteration whose level the next one repeats.
+    /// The current / previous iteration holds setup ([`push_setup`](Self::push_setup),
+    /// and so [`add_static`](Self::add_static)): memory live before the iterations (in
+    /// the online path, all that came before the first boundary: building the model, a
+    /// warm-up). Read only by `level_envelope`.
     cur_setup: bool,
     prev_setup: bool,
     last_ratio: f64,
@@ -551,7 +552,7 @@ impl StepFeaturizer {
         let Some(&last) = self.cur.last().or(self.prev.last()) else {
             return [0; CHANNELS];
         };
-        if self.prev.is_empty() || self.prev_setup {
+        if self.prev.is_empty() {
             return last;
         }
         // Phase of the target step. Right after a boundary `cur` is empty and the

@@ -21,8 +21,9 @@
 //! every earlier one (a new, larger input shape, or a forecast gone wrong: both
 //! happen, and only the first is worth memory) is met at the miss, as the reactive
 //! allocator meets it. Nor is a level above `Forecast::level_envelope`, the previous
-//! iteration's peak of live bytes rescaled by this iteration's demand so far: `need`
-//! counts at most `envelope - requested now`. A forecast can rise no more than the run
+//! iteration's peak of live bytes rescaled by this iteration's demand so far (after
+//! the setup before a job's first boundary: the setup's peak, until this iteration
+//! passes it): `need` counts at most `envelope - requested now`. A forecast can rise no more than the run
 //! has risen and yet double a peak: predicting, from a point where live bytes already
 //! hold an iteration's climb, the whole climb again. With `free = reserved - allocated`:
 //! - **grow** (`Actions::grow`): if `need >= free + chunk`, [`Advice::EnsureFree`] for
@@ -120,8 +121,8 @@ impl ForecastPolicy {
     /// forecast without a basis (`Forecast::reference`) drives nothing.
     pub fn plan(&self, f: &Forecast, s: &State) -> Option<Advice> {
         let (ahead, trust) = forecast_ahead(f, s.requested, s.capacity)?;
-        // A peak above the previous iteration's, rescaled by this one's demand so far,
-        // is not bet on either (see the module docs).
+        // A peak above the previous iteration's, rescaled by this one's demand so far
+        // (or the setup's, until passed), is not bet on either (see the module docs).
         let ahead = ahead.min(f.level_envelope.saturating_sub(s.requested));
         // Requests below `small_max` live in slab segments, which grow on their own:
         // the large segment is grown for the large share of the forecast demand.
