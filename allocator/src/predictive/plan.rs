@@ -23,9 +23,9 @@
 //! allocator meets it. Nor is a level above `Forecast::level_envelope`, the previous
 //! iteration's peak of live bytes rescaled by this iteration's demand so far (after
 //! the setup before a job's first boundary: the setup's peak, until this iteration
-//! passes it): `need` counts at most `envelope - requested now`. A forecast can rise no more than the run
-//! has risen and yet double a peak: predicting, from a point where live bytes already
-//! hold an iteration's climb, the whole climb again. With `free = reserved - allocated`:
+//! passes it): `need` counts at most `envelope - requested now`. A forecast can rise
+//! no more than the run has risen and yet double a peak: predicting, from a point
+//! where live bytes already hold an iteration's climb, the whole climb again. With `free = reserved - allocated`:
 //! - **grow** (`Actions::grow`): if `need >= free + chunk`, [`Advice::EnsureFree`] for
 //!   `need`, `chunk` being the reactive growth chunk (the device grows by at least a
 //!   chunk either way). A shortfall of less than a chunk is left to the miss: growing
