@@ -106,7 +106,7 @@ if args.mode == "native" and args.from_start and not args.dry_run:
     history_on()
 # What memcast's featurizer sees in this process: the model's construction and the warm-up
 # fall in its first iteration (step() is called after each recorded iteration).
-rec = mt.record(args.memcast_trace) if (mt is not None and args.memcast_trace and not args.dry_run) else None
+rec = mt.record(args.memcast_trace) if (mt is not None and args.memcast_trace) else None
 job = builder()
 side = torch.cuda.Stream() if (job.side_stream and not args.dry_run) else None
 
