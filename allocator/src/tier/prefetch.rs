@@ -12,8 +12,12 @@
 //! not fit rather than skip it). Past the end the scan wraps to the sequence's start,
 //! where the next iteration's first accesses (parameters) are expected.
 //!
-//! Cost per call: O(window) registry lookups (a vector index each); the manager only
-//! calls it when there is headroom.
+//! With [`PreviousIterationOrder::new_shapes`] (predictive mode) it also prefetches the
+//! tensors of an iteration longer than the previous one, which that order does not
+//! name, for their reads predicted from their size class's lifetime.
+//!
+//! Cost per call: O(window) registry lookups (a vector index each), plus O(log n) per
+//! predicted read due or passed; the manager only calls it when there is headroom.
 //!
 //! The same log answers `next_use` (read only by predictive mode's victims by next use,
 //! [`FarthestNextUse`](super::spill::FarthestNextUse)): the previous iteration's next
@@ -66,6 +70,11 @@ pub trait PrefetchPolicy: Send {
         f64::INFINITY
     }
     fn name(&self) -> &'static str;
+    /// Checks the policy's own bookkeeping (the manager's `check_invariants` calls it).
+    /// Default: nothing to check.
+    fn check_invariants(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Never prefetches: every access of a spilled tensor faults it in (the floor a
@@ -108,7 +117,29 @@ pub struct PreviousIterationOrder {
     /// of that class freed (any iteration).
     lifetimes: std::collections::HashMap<u32, u32>,
     pub window: usize,
+    /// Also prefetch the tensors of an iteration longer than the previous one (ordinals
+    /// the previous iteration did not reach), for their read before their free,
+    /// predicted at their size class's last lifetime as [`PrefetchPolicy::next_use`]
+    /// predicts it. Predictive mode's `prefetch` action turns it on; the reactive
+    /// baseline has it off. Generation is the case: a request that generates more
+    /// tokens than the last one makes, at every token step past the last one's end,
+    /// key/value tensors that are read at the next step and that no position of the
+    /// previous iteration names. Not in the first iteration (no previous one): there a
+    /// class's last lifetime predicted reads badly (measured, docs/predictive.md).
+    pub new_shapes: bool,
+    /// With `new_shapes`: (predicted position in `cur` of the read, ordinal) of this
+    /// iteration's tensors past the previous iteration's ordinals, not read yet, so
+    /// that the scan meets them in order.
+    // Invariant: an ordinal `n` has an entry iff `expect_at[n] != NONE`, and it is
+    // `(expect_at[n], n)`.
+    expected: std::collections::BTreeSet<(u32, u32)>,
+    /// Per ordinal of this iteration, its predicted read (its entry in `expected`), or
+    /// `NONE`.
+    expect_at: Vec<u32>,
 }
+
+/// No predicted read.
+const NONE: u32 = u32::MAX;
 
 /// Quarter-octave size classes: `4 x floor(log2 bytes)` plus the next two bits.
 fn size_class(bytes: u64) -> u32 {
@@ -128,12 +159,28 @@ impl PreviousIterationOrder {
             cur_allocs: Vec::new(),
             lifetimes: std::collections::HashMap::new(),
             window,
+            new_shapes: false,
+            expected: std::collections::BTreeSet::new(),
+            expect_at: Vec::new(),
+        }
+    }
+
+    /// Forgets ordinal `n`'s predicted read. O(log entries).
+    fn unexpect(&mut self, n: u32) {
+        if let Some(at) = self.expect_at.get_mut(n as usize) {
+            if *at != NONE {
+                self.expected.remove(&(*at, n));
+                *at = NONE;
+            }
         }
     }
 }
 
 impl PrefetchPolicy for PreviousIterationOrder {
     fn on_access(&mut self, key: TensorKey) {
+        if let TensorKey::Ordinal(n) = key {
+            self.unexpect(n);
+        }
         self.cur.push(Logged::Access(key));
     }
 
@@ -143,13 +190,31 @@ impl PrefetchPolicy for PreviousIterationOrder {
             if self.cur_allocs.len() <= n {
                 self.cur_allocs.resize(n + 1, (0, 0));
             }
-            self.cur_allocs[n] = (bytes, self.cur.len() as u32);
+            let at = self.cur.len() as u32;
+            self.cur_allocs[n] = (bytes, at);
+            let past_previous = !self.prev_bytes.is_empty() && n >= self.prev_bytes.len();
+            if self.new_shapes && past_previous {
+                // Read just before its free, at its class's last lifetime. O(log).
+                if let Some(&life) = self.lifetimes.get(&size_class(bytes)) {
+                    if self.expect_at.len() <= n {
+                        self.expect_at.resize(n + 1, NONE);
+                    }
+                    self.unexpect(n as u32);
+                    // (Saturating below `NONE`: an iteration of 4 G operations.)
+                    let read = at
+                        .saturating_add(life.saturating_sub(1).max(1))
+                        .min(NONE - 1);
+                    self.expect_at[n] = read;
+                    self.expected.insert((read, n as u32));
+                }
+            }
         }
         self.cur.push(Logged::Alloc(bytes));
     }
 
     fn on_free(&mut self, key: TensorKey, bytes: u64) {
         if let TensorKey::Ordinal(n) = key {
+            self.unexpect(n);
             if let Some(&(b, at)) = self.cur_allocs.get(n as usize) {
                 if b == bytes {
                     let life = self.cur.len() as u32 - at;
@@ -165,6 +230,8 @@ impl PrefetchPolicy for PreviousIterationOrder {
         self.prev_bytes
             .extend(self.cur_allocs.drain(..).map(|(b, _)| b));
         self.prev = std::mem::take(&mut self.cur);
+        self.expected.clear();
+        self.expect_at.clear();
         self.positions.clear();
         for (i, l) in self.prev.iter().enumerate() {
             if let Logged::Access(k) = l {
@@ -222,6 +289,22 @@ impl PrefetchPolicy for PreviousIterationOrder {
             return;
         }
         let pos = self.cur.len();
+        // Predicted reads already passed: the tensor outlived its class's lifetime, and
+        // `next_use` no longer predicts it either (a prefetch now would be its victims'
+        // first pick). O(log entries) each.
+        while let Some(&(at, k)) = self.expected.first() {
+            if at as usize >= pos {
+                break;
+            }
+            self.unexpect(k);
+        }
+        // Those due within the window, in order of their predicted reads.
+        let mut due = self
+            .expected
+            .iter()
+            .take_while(|&&(at, _)| (at as usize) < pos + self.window)
+            .map(|&(at, k)| (at as usize, TensorKey::Ordinal(k)))
+            .peekable();
         let end = (pos + self.window).min(2 * n);
         // Scan the whole window every time: an entry that is resident now may be
         // spilled before its access, so no position is ever settled for good.
@@ -230,7 +313,24 @@ impl PrefetchPolicy for PreviousIterationOrder {
         // fit beside the allocations that come before its access.
         let (mut delta, mut peak, mut planned) = (0i128, 0i128, 0i128);
         let room = headroom as i128;
-        for i in pos..end {
+        // A host-resident tensor to prefetch, in order; false: no room, stop.
+        let mut take = |key: TensorKey, peak: i128, out: &mut Vec<TensorHandle>| {
+            if let Some((h, Residency::Host, bytes)) = view.lookup(key) {
+                if planned + bytes as i128 + peak > room {
+                    return false;
+                }
+                planned += bytes as i128;
+                out.push(h);
+            }
+            true
+        };
+        for i in pos..end.max(pos) {
+            while let Some(&(_, key)) = due.peek().filter(|&&(at, _)| at <= i) {
+                due.next();
+                if !take(key, peak, out) {
+                    return;
+                }
+            }
             match self.prev[i % n] {
                 Logged::Alloc(b) => {
                     delta += b as i128;
@@ -240,15 +340,18 @@ impl PrefetchPolicy for PreviousIterationOrder {
                 // Past the end, ordinals name next-iteration tensors not created yet.
                 Logged::Access(TensorKey::Ordinal(_)) if i >= n => {}
                 Logged::Access(key) => {
-                    if let Some((h, Residency::Host, bytes)) = view.lookup(key) {
-                        if planned + bytes as i128 + peak > room {
-                            // In order: wait for room rather than skip ahead.
-                            return;
-                        }
-                        planned += bytes as i128;
-                        out.push(h);
+                    if !take(key, peak, out) {
+                        // In order: wait for room rather than skip ahead.
+                        return;
                     }
                 }
+            }
+        }
+        // Predicted reads past the window's scan (an iteration over twice as long as
+        // the previous one scans nothing above).
+        for (_, key) in due {
+            if !take(key, peak, out) {
+                return;
             }
         }
     }
@@ -263,6 +366,24 @@ impl PrefetchPolicy for PreviousIterationOrder {
                 }
             }
         }
+    }
+
+    /// Checks the invariant of `expected` and `expect_at`. O(entries + ordinals).
+    fn check_invariants(&self) -> Result<(), String> {
+        let set = self.expect_at.iter().filter(|&&at| at != NONE).count();
+        if set != self.expected.len() {
+            return Err(format!(
+                "{} predicted reads, {} ordinals with one",
+                self.expected.len(),
+                set
+            ));
+        }
+        for &(at, n) in &self.expected {
+            if self.expect_at.get(n as usize) != Some(&at) {
+                return Err(format!("ordinal {n}: read predicted at {at}, not recorded"));
+            }
+        }
+        Ok(())
     }
 
     fn name(&self) -> &'static str {
@@ -330,6 +451,98 @@ mod tests {
         p.plan(&view4, 59, &mut out);
         assert!(out.is_empty());
         p.plan(&view4, 60, &mut out);
+        assert_eq!(out.iter().map(|h| h.index).collect::<Vec<_>>(), vec![4]);
+    }
+
+    #[test]
+    fn past_the_previous_iteration_a_tensor_is_prefetched_for_its_predicted_read() {
+        let k = TensorKey::Ordinal;
+        let ids = |out: &[TensorHandle]| out.iter().map(|h| h.index).collect::<Vec<_>>();
+        let run = |new_shapes: bool| {
+            let mut p = PreviousIterationOrder::new(4);
+            p.new_shapes = new_shapes;
+            // Iteration 1 (one token step): ordinal 0, 1000 B, read and freed 3
+            // operations after its registration.
+            p.on_alloc(k(0), 1000);
+            p.on_alloc(k(1), 64);
+            p.on_access(k(0));
+            p.on_free(k(0), 1000);
+            p.on_iteration();
+            // Iteration 2 is longer: its ordinal 2 (1010 B, the same size class) has no
+            // counterpart in iteration 1. Registered at position 0, read predicted at 2.
+            p.on_alloc(k(2), 1010);
+            p.check_invariants().unwrap();
+            let view = View(HashMap::from([(2, (Residency::Host, 1010))]));
+            // It must fit beside the 64 B that iteration 1 allocated before that point.
+            let mut out = Vec::new();
+            p.plan(&view, 1074, &mut out);
+            let first = ids(&out);
+            out.clear();
+            p.plan(&view, 1073, &mut out);
+            assert!(out.is_empty());
+            // Once read, it is not expected again; a read predicted and passed is
+            // dropped too.
+            p.on_access(k(2));
+            out.clear();
+            p.plan(&view, 1 << 20, &mut out);
+            assert!(out.is_empty());
+            // Ordinal 3: registered at 2, read predicted at 4; at 3 it is due, at 5 it
+            // has outlived its class's lifetime and is no longer predicted.
+            p.on_alloc(k(3), 1010);
+            p.check_invariants().unwrap();
+            let view = View(HashMap::from([(3, (Residency::Host, 1010))]));
+            out.clear();
+            p.plan(&view, 1 << 20, &mut out);
+            assert_eq!(ids(&out), if new_shapes { vec![3] } else { vec![] });
+            for _ in 0..2 {
+                p.on_access(k(1));
+            }
+            out.clear();
+            p.plan(&view, 1 << 20, &mut out);
+            assert!(out.is_empty());
+            p.check_invariants().unwrap();
+            first
+        };
+        assert_eq!(run(true), vec![2]);
+        // The reactive baseline (`new_shapes` off) does not predict it.
+        assert!(run(false).is_empty());
+    }
+
+    #[test]
+    fn no_read_is_predicted_in_the_first_iteration_or_beyond_the_window() {
+        let k = TensorKey::Ordinal;
+        let mut p = PreviousIterationOrder::new(2);
+        p.new_shapes = true;
+        p.on_alloc(k(0), 1000);
+        p.on_access(k(0));
+        p.on_free(k(0), 1000);
+        // First iteration: the class lifetime is known, but no read is predicted.
+        p.on_alloc(k(1), 1000);
+        let view = View(HashMap::from([(1, (Residency::Host, 1000))]));
+        let mut out = Vec::new();
+        p.plan(&view, 1 << 20, &mut out);
+        assert!(out.is_empty());
+        p.on_free(k(1), 1000);
+        p.on_iteration();
+        // Ordinal 2 (past the previous iteration's 0 and 1) shows that its class lives
+        // 6 operations; ordinal 4, registered at 9, is predicted read at 14: beyond a
+        // window of 2 from position 10, within one of 8.
+        p.on_alloc(k(0), 8);
+        p.on_free(k(0), 8);
+        for n in 2..4 {
+            p.on_alloc(k(n), 1 << 20);
+        }
+        for _ in 0..4 {
+            p.on_access(k(2));
+        }
+        p.on_free(k(2), 1 << 20);
+        p.on_alloc(k(4), 1 << 20);
+        let view = View(HashMap::from([(4, (Residency::Host, 1 << 20))]));
+        out.clear();
+        p.plan(&view, 1 << 30, &mut out);
+        assert!(out.is_empty());
+        p.window = 8;
+        p.plan(&view, 1 << 30, &mut out);
         assert_eq!(out.iter().map(|h| h.index).collect::<Vec<_>>(), vec![4]);
     }
 

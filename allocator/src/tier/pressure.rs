@@ -287,6 +287,9 @@ impl<B: DeviceBackend> TierManager<B> {
             .check_invariants()
             .map_err(TierError::Invariant)?;
         self.pipe.check_invariants().map_err(TierError::Invariant)?;
+        self.prefetch
+            .check_invariants()
+            .map_err(TierError::Invariant)?;
         self.check_recompute().map_err(TierError::Invariant)?;
         self.alloc.check_invariants()?;
         let mut device = 0u64;

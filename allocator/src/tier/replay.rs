@@ -213,7 +213,11 @@ fn run<B: DeviceBackend>(
     let alloc =
         Allocator::new(backend, alloc_cfg.clone()).map_err(|e| TierReplayError::Setup(e.into()))?;
     let prefetch: Box<dyn PrefetchPolicy> = if opts.prefetch && opts.plan.is_none() {
-        Box::new(PreviousIterationOrder::new(cfg.prefetch_window))
+        let mut p = PreviousIterationOrder::new(cfg.prefetch_window);
+        // Predictive mode's `prefetch` action also predicts the reads of tensors of
+        // shapes the previous iteration did not have.
+        p.new_shapes = matches!(opts.predictive, Some((_, a)) if a.prefetch);
+        Box::new(p)
     } else {
         Box::new(NoPrefetch)
     };
