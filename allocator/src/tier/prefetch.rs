@@ -124,8 +124,9 @@ pub struct PreviousIterationOrder {
     /// baseline has it off. Generation is the case: a request that generates more
     /// tokens than the last one makes, at every token step past the last one's end,
     /// key/value tensors that are read at the next step and that no position of the
-    /// previous iteration names. Not in the first iteration (no previous one): there a
-    /// class's last lifetime predicted reads badly (measured, docs/predictive.md).
+    /// previous iteration names. Not when the previous iteration registered no tensor
+    /// (the first iteration): there a class's last lifetime predicted reads badly
+    /// (measured, docs/predictive.md).
     pub new_shapes: bool,
     /// With `new_shapes`: (predicted position in `cur` of the read, ordinal) of this
     /// iteration's tensors past the previous iteration's ordinals, not read yet, so
@@ -192,6 +193,7 @@ impl PrefetchPolicy for PreviousIterationOrder {
             }
             let at = self.cur.len() as u32;
             self.cur_allocs[n] = (bytes, at);
+            self.unexpect(n as u32);
             let past_previous = !self.prev_bytes.is_empty() && n >= self.prev_bytes.len();
             if self.new_shapes && past_previous {
                 // Read just before its free, at its class's last lifetime. O(log).
@@ -199,7 +201,6 @@ impl PrefetchPolicy for PreviousIterationOrder {
                     if self.expect_at.len() <= n {
                         self.expect_at.resize(n + 1, NONE);
                     }
-                    self.unexpect(n as u32);
                     // (Saturating below `NONE`: an iteration of 4 G operations.)
                     let read = at
                         .saturating_add(life.saturating_sub(1).max(1))
@@ -292,11 +293,14 @@ impl PrefetchPolicy for PreviousIterationOrder {
         // Predicted reads already passed: the tensor outlived its class's lifetime, and
         // `next_use` no longer predicts it either (a prefetch now would be its victims'
         // first pick). O(log entries) each.
-        while let Some(&(at, k)) = self.expected.first() {
-            if at as usize >= pos {
-                break;
+        while self
+            .expected
+            .first()
+            .is_some_and(|&(at, _)| (at as usize) < pos)
+        {
+            if let Some((_, k)) = self.expected.pop_first() {
+                self.expect_at[k as usize] = NONE;
             }
-            self.unexpect(k);
         }
         // Those due within the window, in order of their predicted reads.
         let mut due = self
@@ -339,6 +343,10 @@ impl PrefetchPolicy for PreviousIterationOrder {
                 Logged::Free(b) => delta -= b as i128,
                 // Past the end, ordinals name next-iteration tensors not created yet.
                 Logged::Access(TensorKey::Ordinal(_)) if i >= n => {}
+                // A tensor with a predicted read is taken there (`due`), not twice (a
+                // tensor of an older iteration, still live, may share its ordinal).
+                Logged::Access(TensorKey::Ordinal(k))
+                    if self.expect_at.get(k as usize).is_some_and(|&at| at != NONE) => {}
                 Logged::Access(key) => {
                     if !take(key, peak, out) {
                         // In order: wait for room rather than skip ahead.
@@ -501,6 +509,15 @@ mod tests {
             p.plan(&view, 1 << 20, &mut out);
             assert!(out.is_empty());
             p.check_invariants().unwrap();
+            // A prediction is forgotten at the tensor's free, and at the boundary.
+            p.on_alloc(k(4), 1010);
+            assert_eq!(p.expected.len(), usize::from(new_shapes));
+            p.on_free(k(4), 1010);
+            assert!(p.expected.is_empty());
+            p.on_alloc(k(5), 1010);
+            assert_eq!(p.expected.len(), usize::from(new_shapes));
+            p.on_iteration();
+            assert!(p.expected.is_empty() && p.expect_at.is_empty());
             first
         };
         assert_eq!(run(true), vec![2]);
@@ -518,6 +535,7 @@ mod tests {
         p.on_free(k(0), 1000);
         // First iteration: the class lifetime is known, but no read is predicted.
         p.on_alloc(k(1), 1000);
+        assert!(p.expected.is_empty());
         let view = View(HashMap::from([(1, (Residency::Host, 1000))]));
         let mut out = Vec::new();
         p.plan(&view, 1 << 20, &mut out);

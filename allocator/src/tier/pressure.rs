@@ -279,7 +279,8 @@ impl<B: DeviceBackend> TierManager<B> {
         }
     }
 
-    /// Checks the manager's bookkeeping (and the allocator's). O(tensors + transfers).
+    /// Checks the manager's bookkeeping (and the allocator's, and the prefetch policy's).
+    /// O(tensors + transfers + this iteration's ordinals).
     pub fn check_invariants(&self) -> Result<(), TierError> {
         let bad = |s: String| Err(TierError::Invariant(s));
         self.reg.check()?;
