@@ -28,6 +28,9 @@ SPLITS = {
     "segmentation": "validation",
     "vit": "test", "swin": "test", "llama": "test", "moe": "test", "unet": "test",
     "gnn": "test", "speech": "test", "detection": "test",
+    # Generation of two more decoder families, recorded apart from the corpus
+    # (training-data/corpus/generation/): held out like the test split.
+    "opt": "test", "gptneox": "test",
 }
 
 DEV = "cuda"
@@ -268,6 +271,18 @@ def gpt2(**over):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     return GPT2LMHeadModel(GPT2Config(**over))
+
+
+def opt(**over):
+    from transformers import OPTConfig, OPTForCausalLM
+
+    return OPTForCausalLM(OPTConfig(**over))
+
+
+def gptneox(**over):
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    return GPTNeoXForCausalLM(GPTNeoXConfig(**over))
 
 
 def llama(**over):
@@ -678,5 +693,12 @@ add("fasterrcnn_mnv3_b8", "detection", D, "Faster R-CNN MobileNetV3-Large FPN (t
     detection("fasterrcnn_mobilenet_v3_large_fpn", 8))
 add("retinanet_r50_b4", "detection", D, "RetinaNet ResNet-50 FPN, batch 4, images about 480x640 (varying), fp32, SGD",
     detection("retinanet_resnet50_fpn", 4))
+
+add("opt_350m_generate_dynamic", "opt", D, "OPT-350m-style decoder greedy generation, bf16 weights, batch in {1,8,32}, prompt in {64,256}, new tokens in {32,128}",
+    hf_generate(lambda: opt(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                            ffn_dim=4096, word_embed_proj_dim=512), (1, 8, 32), (64, 256), (32, 128)))
+add("pythia_410m_generate_dynamic", "gptneox", D, "Pythia-410m-style (GPT-NeoX) greedy generation, bf16 weights, batch in {1,8,32}, prompt in {64,256}, new tokens in {32,128}",
+    hf_generate(lambda: gptneox(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                                intermediate_size=4096, vocab_size=50304), (1, 8, 32), (64, 256), (32, 128)))
 
 RECIPES = R
