@@ -166,6 +166,15 @@ impl PreviousIterationOrder {
         }
     }
 
+    /// The position of the free of a tensor of `bytes` registered at `at`, at the last
+    /// lifetime of its size class (`None`: no tensor of that class freed yet). The one
+    /// estimate behind `next_use` for a tensor the previous iteration does not describe
+    /// and behind `new_shapes`' predicted reads. O(1).
+    fn predicted_free(&self, bytes: u64, at: u32) -> Option<u64> {
+        let life = self.lifetimes.get(&size_class(bytes))?;
+        Some(u64::from(at) + u64::from(*life))
+    }
+
     /// Forgets ordinal `n`'s predicted read. O(log entries).
     fn unexpect(&mut self, n: u32) {
         if let Some(at) = self.expect_at.get_mut(n as usize) {
@@ -196,15 +205,16 @@ impl PrefetchPolicy for PreviousIterationOrder {
             self.unexpect(n as u32);
             let past_previous = !self.prev_bytes.is_empty() && n >= self.prev_bytes.len();
             if self.new_shapes && past_previous {
-                // Read just before its free, at its class's last lifetime. O(log).
-                if let Some(&life) = self.lifetimes.get(&size_class(bytes)) {
+                // Read just before its free. O(log).
+                if let Some(free) = self.predicted_free(bytes, at) {
                     if self.expect_at.len() <= n {
                         self.expect_at.resize(n + 1, NONE);
                     }
-                    // (Saturating below `NONE`: an iteration of 4 G operations.)
-                    let read = at
-                        .saturating_add(life.saturating_sub(1).max(1))
-                        .min(NONE - 1);
+                    // (Below `NONE`: an iteration of 4 G operations.)
+                    let read = free
+                        .saturating_sub(1)
+                        .max(u64::from(at) + 1)
+                        .min(u64::from(NONE - 1)) as u32;
                     self.expect_at[n] = read;
                     self.expected.insert((read, n as u32));
                 }
@@ -262,10 +272,8 @@ impl PrefetchPolicy for PreviousIterationOrder {
                 // Not the previous iteration's tensor of this ordinal: its free, at
                 // its size class's last lifetime.
                 let p = self.cur.len() as f64;
-                return match self.lifetimes.get(&size_class(bytes)) {
-                    Some(&life) if f64::from(at) + f64::from(life) > p => {
-                        f64::from(at) + f64::from(life) - p
-                    }
+                return match self.predicted_free(bytes, at) {
+                    Some(free) if free as f64 > p => free as f64 - p,
                     _ => f64::INFINITY,
                 };
             }
