@@ -206,7 +206,8 @@ pub struct Actions {
     /// Under a budget (tiers): spill ahead of a forecast peak, victims by next use.
     pub spill: bool,
     /// Under a budget (tiers): prefetch spilled tensors as early as forecast free
-    /// memory allows.
+    /// memory allows, predict the reads of an iteration longer than the previous one,
+    /// and in the first iteration follow the reads that bring tensors back.
     pub prefetch: bool,
     /// Under a budget (tiers): carry out an iteration plan (which tensors leave, when,
     /// and when they come back) built from the previous iteration's trajectory.

@@ -207,6 +207,9 @@ impl<B: DeviceBackend> TierManager<B> {
         // it again (the tensor stays where it was, unused by this step).
         let unpinned = e.step;
         e.step = step;
+        // Away from the device or only just back (told to the prefetch policy).
+        let returned =
+            e.prefetched_unused || !matches!(e.place, Place::Device { .. } | Place::Dropped);
         let r = self.bring(h).and_then(|p| {
             if write {
                 self.recompute_before_write(h)?;
@@ -226,6 +229,11 @@ impl<B: DeviceBackend> TierManager<B> {
         e.touch(now, step);
         let key = e.key;
         self.stats.accesses += 1;
+        // A plan with moves in charge knows the iteration: the stream of returns
+        // (`tier::stream`) stands in for that knowledge, so it follows none of them.
+        if returned && !self.planner.as_deref().is_some_and(|p| p.has_moves()) {
+            self.prefetch.on_returned(key);
+        }
         self.prefetch.on_access(key);
         let bytes = self.reg.get(h)?.bytes;
         self.plan_op(h, key, bytes, OpUse::Access)?;

@@ -21,6 +21,8 @@
 //!   traits with the reactive implementations;
 //! - [`prefetch`]: the [`prefetch::PrefetchPolicy`] trait; the reactive baseline
 //!   prefetches in the order tensors were accessed in the previous iteration;
+//!   [`stream`]: predictive mode's prefetches of the first iteration, which has no
+//!   previous one, following the reads that bring tensors back;
 //! - [`transfer`]: the asynchronous pipeline: low-priority streams, copies in flight
 //!   with their events, releases that wait for them (dependency tracking);
 //! - [`manager`]: [`TierManager`], the mechanism tying these together
@@ -58,6 +60,7 @@ pub mod schedule;
 pub mod spill;
 pub mod staging;
 pub mod stats;
+pub mod stream;
 pub mod transfer;
 
 #[cfg(test)]

@@ -14,7 +14,10 @@
 //!
 //! With [`PreviousIterationOrder::new_shapes`] (predictive mode) it also prefetches the
 //! tensors of an iteration longer than the previous one, which that order does not
-//! name, for their reads predicted from their size class's lifetime.
+//! name, for their reads predicted from their size class's lifetime; with
+//! [`PreviousIterationOrder::stream`], in the first iteration (no previous iteration
+//! registered a tensor), it follows the reads that bring tensors back instead
+//! ([`ReturnStream`]).
 //!
 //! Cost per call: O(window) registry lookups (a vector index each), plus O(log n) per
 //! predicted read due or passed; the manager only calls it when there is headroom.
@@ -27,6 +30,7 @@
 //! iteration on).
 
 use super::handle::{TensorHandle, TensorKey};
+use super::stream::ReturnStream;
 
 /// Where a tensor is, as a prefetch policy sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +62,10 @@ pub trait PrefetchPolicy: Send {
     }
     /// A tensor of `bytes` was freed.
     fn on_free(&mut self, _key: TensorKey, _bytes: u64) {}
+    /// The access about to be reported (`on_access`) found `key` away from the device
+    /// or only just back: on the host (a fault), in a copy either way, or prefetched
+    /// and not used since. Default: ignored.
+    fn on_returned(&mut self, _key: TensorKey) {}
     fn on_iteration(&mut self);
     /// Appends tensors to prefetch now, in order, at most `headroom` bytes in all.
     fn plan(&mut self, view: &dyn PrefetchView, headroom: u64, out: &mut Vec<TensorHandle>);
@@ -137,6 +145,11 @@ pub struct PreviousIterationOrder {
     /// Per ordinal of this iteration, its predicted read (its entry in `expected`), or
     /// `NONE`.
     expect_at: Vec<u32>,
+    /// While no previous iteration registered a tensor (the first iteration), follow
+    /// the reads that bring tensors back instead ([`ReturnStream`]). Predictive mode's
+    /// `prefetch` action turns it on; the reactive baseline has it off.
+    pub stream: bool,
+    returns: ReturnStream,
 }
 
 /// No predicted read.
@@ -163,6 +176,8 @@ impl PreviousIterationOrder {
             new_shapes: false,
             expected: std::collections::BTreeSet::new(),
             expect_at: Vec::new(),
+            stream: false,
+            returns: ReturnStream::default(),
         }
     }
 
@@ -236,7 +251,14 @@ impl PrefetchPolicy for PreviousIterationOrder {
         self.cur.push(Logged::Free(bytes));
     }
 
+    fn on_returned(&mut self, key: TensorKey) {
+        if let (true, TensorKey::Ordinal(n)) = (self.stream, key) {
+            self.returns.on_returned(n);
+        }
+    }
+
     fn on_iteration(&mut self) {
+        self.returns.reset();
         self.prev_bytes.clear();
         self.prev_bytes
             .extend(self.cur_allocs.drain(..).map(|(b, _)| b));
@@ -293,6 +315,14 @@ impl PrefetchPolicy for PreviousIterationOrder {
     }
 
     fn plan(&mut self, view: &dyn PrefetchView, headroom: u64, out: &mut Vec<TensorHandle>) {
+        if self.stream && self.prev_bytes.is_empty() {
+            // No previous iteration registered a tensor: its log (the setup's, if
+            // any) names none of this one's.
+            let registered = self.cur_allocs.len();
+            self.returns
+                .plan(view, headroom, registered, self.window, out);
+            return;
+        }
         let n = self.prev.len();
         if n == 0 {
             return;
@@ -384,8 +414,10 @@ impl PrefetchPolicy for PreviousIterationOrder {
         }
     }
 
-    /// Checks the invariant of `expected` and `expect_at`. O(entries + ordinals).
+    /// Checks the invariant of `expected` and `expect_at`, and the return stream's.
+    /// O(entries + ordinals).
     fn check_invariants(&self) -> Result<(), String> {
+        self.returns.check_invariants()?;
         let set = self.expect_at.iter().filter(|&&at| at != NONE).count();
         if set != self.expected.len() {
             return Err(format!(

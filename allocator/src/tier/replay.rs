@@ -215,8 +215,10 @@ fn run<B: DeviceBackend>(
     let prefetch: Box<dyn PrefetchPolicy> = if opts.prefetch && opts.plan.is_none() {
         let mut p = PreviousIterationOrder::new(cfg.prefetch_window);
         // Predictive mode's `prefetch` action also predicts the reads of tensors of
-        // shapes the previous iteration did not have.
+        // shapes the previous iteration did not have ...
         p.new_shapes = matches!(opts.predictive, Some((_, a)) if a.prefetch);
+        // ... and, in the first iteration, follows the reads that bring tensors back.
+        p.stream = p.new_shapes;
         Box::new(p)
     } else {
         Box::new(NoPrefetch)

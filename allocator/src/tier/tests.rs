@@ -33,7 +33,15 @@ pub(super) fn manager(seed: u64) -> (TierManager<TestBackend>, FailSwitch) {
         oom_by_address: seed & 4 != 0,
         ..TierConfig::default()
     };
-    (TierManager::new(alloc, cfg).unwrap(), switch)
+    // Half of them with predictive mode's prefetcher (the reads of longer iterations
+    // predicted, the first iteration's stream of returns followed).
+    let mut order = super::prefetch::PreviousIterationOrder::new(cfg.prefetch_window);
+    order.new_shapes = seed & 8 != 0;
+    order.stream = seed & 8 != 0;
+    let spill = Box::new(super::spill::LruK { k: cfg.lru_k });
+    let cost = Box::new(super::spill::LinkCost::default());
+    let m = TierManager::with_policies(alloc, cfg, spill, cost, Box::new(order)).unwrap();
+    (m, switch)
 }
 
 /// What the test's producer knows: each recomputable tensor's producer output (its
