@@ -7,9 +7,17 @@
 //! forward saved in reverse order of registration, and a decode step reads its caches
 //! in order. [`ReturnStream`] watches the reads that find a tensor away from the device
 //! (faults, cancelled spills, prefetches used) and, once the last [`RUN`] pairs of them
-//! were neighbours in one direction among the tensors on the host (no tensor still on
-//! the host between the two), prefetches the next [`DEGREE`] host-resident tensors in
-//! that direction, under the same headroom rule as the window prefetcher.
+//! it judged were neighbours in one direction among the tensors on the host (no tensor
+//! still on the host between the two), prefetches the host-resident tensors next in
+//! that direction, under the same headroom rule as the window prefetcher, with at most
+//! [`DEGREE`] of its copies in flight at a time. A copy that has landed no longer
+//! counts: while copies land, each scan (after every registration, access and free)
+//! issues the next ones, so the stream runs ahead as far as the headroom and the
+//! window allow.
+//!
+//! A pair is judged at the next scan, which the manager makes only when there is
+//! headroom; a pair not judged before the next return ends the run (it was not seen
+//! to be neighbours).
 //!
 //! Why neighbours and a run: in a forward, the out-of-memory path's victims are read
 //! back in an order that skips other spilled tensors (a generation's prefill reads its
@@ -23,9 +31,10 @@
 use super::handle::{TensorHandle, TensorKey};
 use super::prefetch::{PrefetchView, Residency};
 
-/// Tensors the stream keeps ahead of its last return (issued or in flight). Chosen on
-/// the corpus's train and validation splits (1, 2, 4 and unbounded measured: within
-/// 0.2% of each other on both means; 2 the lowest on train).
+/// Copies the stream keeps in flight ahead of its last return (issued by this scan or
+/// still incoming). Chosen on the corpus's train and validation splits (1, 2, 4 and
+/// unbounded measured: within 0.2% of each other on both means; 2 the lowest on
+/// train).
 pub const DEGREE: usize = 2;
 
 /// Pairs of neighbouring returns in one direction, in a row, before the stream
@@ -53,7 +62,14 @@ impl ReturnStream {
         match self.last {
             // The same tensor again (spilled and read back twice): no step.
             Some(p) if p == n => return,
-            Some(p) => self.pending = Some((p, n)),
+            Some(p) => {
+                // The pair before this one was never judged (no scan between them):
+                // it cannot count as neighbours, so the run ends there.
+                if self.pending.is_some() {
+                    (self.direction, self.run) = (0, 0);
+                }
+                self.pending = Some((p, n));
+            }
             None => {}
         }
         self.last = Some(n);
@@ -81,7 +97,7 @@ impl ReturnStream {
         let d = if n > p { 1 } else { -1 };
         (self.direction, self.run) = match (neighbours, d == self.direction) {
             (false, _) => (0, 0),
-            (true, true) => (d, self.run + 1),
+            (true, true) => (d, self.run.saturating_add(1)),
             (true, false) => (d, 1),
         };
     }
@@ -89,8 +105,9 @@ impl ReturnStream {
     /// Appends the stream's prefetches: from the last return, the next host-resident
     /// ordinals in the run's direction (below `registered`, the ordinals this
     /// iteration has registered; at most `window` ordinals on), in order, until
-    /// [`DEGREE`] tensors are ahead (issued here or already in flight) or one does not
-    /// fit in `headroom`. Nothing before a run of [`RUN`] pairs.
+    /// [`DEGREE`] copies are in flight (issued here or already incoming; one that has
+    /// landed is passed over like any tensor on the device) or one does not fit in
+    /// `headroom`. Nothing before a run of [`RUN`] pairs.
     pub fn plan(
         &mut self,
         view: &dyn PrefetchView,
@@ -199,10 +216,14 @@ mod tests {
         view.0.insert(27, (Residency::Device, 10));
         s.on_returned(27);
         assert_eq!(planned(&mut s, &view, 1000), vec![26, 24]);
-        // They are in flight: nothing more until the stream moves on.
+        // They are in flight: nothing more until one lands.
         view.0.insert(26, (Residency::Incoming, 10));
         view.0.insert(24, (Residency::Incoming, 10));
         assert!(planned(&mut s, &view, 1000).is_empty());
+        // One landed: one more copy, the next on the host past it.
+        view.0.insert(24, (Residency::Device, 10));
+        view.0.insert(22, (Residency::Host, 10));
+        assert_eq!(planned(&mut s, &view, 1000), vec![22]);
         // The headroom bounds it, in order: 22 does not fit, so 21 is not taken.
         view.0.insert(26, (Residency::Device, 10));
         s.on_returned(26);
@@ -235,6 +256,23 @@ mod tests {
         let mut out = Vec::new();
         s.plan(&view, 1000, 31, 2048, &mut out);
         assert_eq!(out.iter().map(|h| h.index).collect::<Vec<_>>(), vec![30]);
+        // A pair never judged (two returns with no scan between them, as when there is
+        // no headroom) ends the run: 29 -> 30 and 30 -> 31 go up, but the first pair
+        // was not seen, so after 31 the run is one pair.
+        s.reset();
+        for n in [28, 29] {
+            s.on_returned(n);
+            planned(&mut s, &view, 1000);
+        }
+        s.on_returned(30);
+        s.on_returned(31);
+        view.0.insert(30, (Residency::Device, 10));
+        view.0.insert(31, (Residency::Device, 10));
+        assert!(planned(&mut s, &view, 1000).is_empty());
+        s.on_returned(32);
+        view.0.insert(32, (Residency::Device, 10));
+        view.0.insert(33, (Residency::Host, 10));
+        assert_eq!(planned(&mut s, &view, 1000), vec![33]);
         // A boundary forgets the run.
         s.reset();
         s.on_returned(10);
