@@ -439,22 +439,28 @@ impl PrefetchPolicy for PreviousIterationOrder {
     }
 }
 
+/// The tests' registry: ordinal `n` is handle `n`, where the map says and of its bytes;
+/// persistent keys are unknown.
+#[cfg(test)]
+pub(crate) struct TestView(pub std::collections::HashMap<u32, (Residency, u64)>);
+
+#[cfg(test)]
+impl PrefetchView for TestView {
+    fn lookup(&self, key: TensorKey) -> Option<(TensorHandle, Residency, u64)> {
+        let TensorKey::Ordinal(n) = key else {
+            return None;
+        };
+        self.0
+            .get(&n)
+            .map(|&(r, b)| (TensorHandle { index: n, gen: 0 }, r, b))
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::TestView as View;
     use super::*;
     use std::collections::HashMap;
-
-    struct View(HashMap<u32, (Residency, u64)>);
-    impl PrefetchView for View {
-        fn lookup(&self, key: TensorKey) -> Option<(TensorHandle, Residency, u64)> {
-            let TensorKey::Ordinal(n) = key else {
-                return None;
-            };
-            self.0
-                .get(&n)
-                .map(|&(r, b)| (TensorHandle { index: n, gen: 0 }, r, b))
-        }
-    }
 
     #[test]
     fn prefetches_in_previous_order_within_headroom() {

@@ -171,19 +171,8 @@ impl ReturnStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tier::prefetch::TestView as View;
     use std::collections::HashMap;
-
-    struct View(HashMap<u32, (Residency, u64)>);
-    impl PrefetchView for View {
-        fn lookup(&self, key: TensorKey) -> Option<(TensorHandle, Residency, u64)> {
-            let TensorKey::Ordinal(n) = key else {
-                return None;
-            };
-            self.0
-                .get(&n)
-                .map(|&(r, b)| (TensorHandle { index: n, gen: 0 }, r, b))
-        }
-    }
 
     fn planned(s: &mut ReturnStream, view: &View, headroom: u64) -> Vec<u32> {
         let mut out = Vec::new();
