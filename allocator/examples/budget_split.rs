@@ -3,12 +3,12 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits] [low=X] [high=X] [costs=NAME]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [norelocate] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits] [low=X] [high=X] [costs=NAME]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
 //! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
 //! `TierConfig::plan_defer_wraps` off; `byaddr` / `noaddr`: `TierConfig::oom_by_address`
-//! on / off; `noguard`: `TierConfig::plan_guard` off; `growable`: the allocator on growable segments, with its default page
+//! on / off; `noguard`: `TierConfig::plan_guard` off; `norelocate`: `TierConfig::relocate` off; `growable`: the allocator on growable segments, with its default page
 //! release, instead of fixed ones; `peak`: with `growable`, page release at the peak;
 //! `planned`: planned placement; `steady`: the stall over the compute of the iterations
 //! after the first, which no history describes and the oracle knows: the cells read
@@ -134,6 +134,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             if flag("noguard") {
                 opts.tier.plan_guard = false;
+            }
+            if flag("norelocate") {
+                opts.tier.relocate = false;
             }
             if flag("growable") {
                 opts.alloc.growable_segments = true;

@@ -636,10 +636,17 @@ impl Extents {
 
     /// Every free block: `(small, segment, offset, length)`.
     pub fn iter(&self) -> impl Iterator<Item = (bool, u32, u64, u64)> + '_ {
+        self.free_blocks()
+            .map(|(_, small, seg, off, len)| (small, seg, off, len))
+    }
+
+    /// Every free block with its index: `(block, small, segment, offset, length)`.
+    pub fn free_blocks(&self) -> impl Iterator<Item = (u32, bool, u32, u64, u64)> + '_ {
         self.blks
             .iter()
-            .filter(|b| b.state == BlkState::Free)
-            .map(|b| (b.small, b.seg, b.off, b.len))
+            .enumerate()
+            .filter(|(_, b)| b.state == BlkState::Free)
+            .map(|(i, b)| (i as u32, b.small, b.seg, b.off, b.len))
     }
 
     /// Every block of segment `seg` in address order: `(offset, length, free)`.

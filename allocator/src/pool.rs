@@ -355,17 +355,9 @@ impl<B: DeviceBackend> Allocator<B> {
         };
         match r {
             Ok(id) => {
-                // The paths above return the record id; the handle is built once, here.
-                let (a, size) = (self.handle(id), self.records[id].size());
-                let st = &mut self.stats;
-                st.allocs += 1;
-                st.requested.add(bytes);
-                st.allocated.add(size);
-                if st.requested.current == st.requested.peak {
-                    st.internal_waste_at_peak = st.allocated.current - st.requested.current;
-                }
+                let a = self.served(id, bytes);
                 if let Some(t0) = t0 {
-                    st.latency.record(t0.elapsed().as_nanos() as u64);
+                    self.stats.latency.record(t0.elapsed().as_nanos() as u64);
                 }
                 self.online_alloc(bytes, stream);
                 self.debug_check();
@@ -376,6 +368,21 @@ impl<B: DeviceBackend> Allocator<B> {
                 Err(e)
             }
         }
+    }
+
+    /// The handle of record `id`, just made for a request of `bytes`, with the request
+    /// counted. The paths return the record id; the handle is built once, here.
+    #[inline(always)]
+    pub(crate) fn served(&mut self, id: u32, bytes: u64) -> Allocation {
+        let (a, size) = (self.handle(id), self.records[id].size());
+        let st = &mut self.stats;
+        st.allocs += 1;
+        st.requested.add(bytes);
+        st.allocated.add(size);
+        if st.requested.current == st.requested.peak {
+            st.internal_waste_at_peak = st.allocated.current - st.requested.current;
+        }
+        a
     }
 
     #[cold]
@@ -679,7 +686,7 @@ impl<B: DeviceBackend> Allocator<B> {
     }
 
     #[inline]
-    fn debug_check(&self) {
+    pub(crate) fn debug_check(&self) {
         #[cfg(feature = "check-invariants")]
         if let Err(e) = self.check_invariants() {
             panic!("memcast allocator invariant violated: {e}");

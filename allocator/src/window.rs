@@ -6,9 +6,13 @@
 //! query reads the placement blocks of each large-run segment of a stream in address
 //! order: O(blocks) with a two-pointer sweep, no allocation but the answer's list. It
 //! runs only when an allocation has failed, never on the allocation paths.
+//!
+//! Its companion [`Allocator::allocate_outside`] serves a request outside a window,
+//! for a caller that moves the window's runs elsewhere instead of freeing them.
 
 use crate::backend::{DeviceBackend, DevicePtr, StreamId};
-use crate::pool::Allocator;
+use crate::error::AllocError;
+use crate::pool::{Allocation, Allocator};
 
 /// A window of a large-run segment that freeing `victims` would make one free block.
 #[derive(Debug, Clone, PartialEq)]
@@ -118,5 +122,109 @@ impl<B: DeviceBackend> Allocator<B> {
             cost: w.iter().filter_map(|b| b.3).map(|c| c.max(0.0)).sum(),
             victims: w.iter().filter(|b| !b.2).map(|b| DevicePtr(b.0)).collect(),
         })
+    }
+
+    /// Allocates `bytes` (a large request) at the start of the smallest free block of
+    /// `stream`'s large-run segments that lies wholly outside the device addresses
+    /// `[lo, hi)`: where a caller opening the window `[lo, hi)` moves its runs, so that
+    /// none lands in the window's own free blocks. The run cache is flushed first, as a
+    /// large miss does. `Ok(None)`: no such block, a request below the large size
+    /// classes or over `max_request`, buddy placement, or released pages in the pool
+    /// (their backing is the ordinary path's). Never calls the device. O(free blocks):
+    /// only on out-of-memory retries.
+    pub fn allocate_outside(
+        &mut self,
+        bytes: u64,
+        stream: StreamId,
+        (lo, hi): (u64, u64),
+    ) -> Result<Option<Allocation>, AllocError> {
+        let min = self.cfg.min_block;
+        let Some(len) = bytes.checked_add(min - 1).map(|b| b & !(min - 1)) else {
+            return Ok(None);
+        };
+        if bytes < self.classes.small_max() || bytes > self.request_cap {
+            return Ok(None);
+        }
+        if self.pool_mut(stream)?.cache.runs() > 0 {
+            self.flush_cache(stream)?;
+        }
+        let pool = self.pool_mut(stream)?;
+        if pool.pages.count != 0 {
+            return Ok(None);
+        }
+        let Some(spot) = pool.buddy.best_fit_outside(len, lo, hi) else {
+            return Ok(None);
+        };
+        let id = self.reserve_record();
+        let pool = self.pool_mut(stream)?;
+        let (run, base) = pool.buddy.carve_at(spot, len, id);
+        self.records[id].make_run(base, run, bytes, len, stream);
+        let a = self.served(id, bytes);
+        self.online_alloc(bytes, stream);
+        self.debug_check();
+        Ok(Some(a))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::sim::SimBackend;
+    use crate::config::AllocConfig;
+    use crate::pool::Allocator;
+
+    const S: u64 = 256 << 10;
+
+    /// One 2 MiB segment of eight 256 KiB runs; slots 1, 3, 5 and 6 freed (blocks of
+    /// one slot at 1 and 3, of two slots at 5..7).
+    fn layout() -> (Allocator<SimBackend>, u64) {
+        let mut a = Allocator::new(
+            SimBackend::new(8 * S, Default::default()),
+            AllocConfig {
+                growable_segments: false,
+                growth_initial: 8 * S,
+                ..AllocConfig::default()
+            },
+        )
+        .unwrap();
+        let runs: Vec<_> = (0..8).map(|_| a.allocate(S, 0).unwrap()).collect();
+        let base = runs[0].ptr.0;
+        assert!(runs
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.ptr.0 == base + i as u64 * S));
+        for i in [1, 3, 5, 6] {
+            a.deallocate(runs[i], 0).unwrap();
+        }
+        (a, base)
+    }
+
+    /// The smallest free block wholly outside the window, lowest address among equals;
+    /// none when every block that would hold the request lies in the window.
+    #[test]
+    fn allocate_outside_serves_from_blocks_outside_the_window_only() {
+        let (mut a, base) = layout();
+        let r = a
+            .allocate_outside(S, 0, (base, base + 2 * S))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.ptr.0, base + 3 * S, "slot 1 is in the window");
+        let r = a
+            .allocate_outside(2 * S, 0, (base, base + 4 * S))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.ptr.0, base + 5 * S);
+        a.check_invariants().unwrap();
+        let (mut a, base) = layout();
+        // A block that straddles the window's end is not outside it.
+        assert!(a
+            .allocate_outside(2 * S, 0, (base + 6 * S, base + 8 * S))
+            .unwrap()
+            .is_none());
+        assert!(a
+            .allocate_outside(S, 0, (base, base + 8 * S))
+            .unwrap()
+            .is_none());
+        assert_eq!(a.stats().allocated.current, 4 * S);
+        a.check_invariants().unwrap();
     }
 }

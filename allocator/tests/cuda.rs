@@ -20,6 +20,7 @@ use memcast_alloc::{AllocConfig, AllocError, Allocator};
 
 mod cuda_common;
 use cuda_common::{bandwidth, gpu, report, GIB, MIB};
+mod cuda_tier;
 
 /// A deterministic generator (xorshift64*), so that a failing program can be rerun.
 struct Rng(u64);

@@ -54,6 +54,7 @@ pub mod prefetch;
 mod prefetching;
 mod pressure;
 pub mod recompute;
+mod relocate;
 pub mod replay;
 pub mod report;
 pub mod schedule;
@@ -130,6 +131,13 @@ pub struct TierConfig {
     /// fallback. On by default: better mean stall on the corpus's validation split and
     /// on the bundled traces, reactive and predictive (docs/tiers.md).
     pub oom_by_address: bool,
+    /// On an out-of-memory retry with enough free bytes for the request (the failure is
+    /// fragmentation), first open the address window holding the fewest movable bytes
+    /// by moving its tensors into free blocks outside it, device to device
+    /// ([`relocate`]), before anything goes over the link. On by default: lower mean
+    /// stall on the corpus's train and validation splits, reactive and predictive
+    /// (docs/tiers.md, "Relocation").
+    pub relocate: bool,
 }
 
 impl Default for TierConfig {
@@ -148,6 +156,7 @@ impl Default for TierConfig {
             plan_defer_wraps: true,
             plan_guard: true,
             oom_by_address: true,
+            relocate: true,
         }
     }
 }

@@ -51,13 +51,22 @@ impl<B: DeviceBackend> TierManager<B> {
             }
         }
         let mut stage = 0;
+        let mut relocated = false;
         loop {
             match self.alloc.allocate(bytes, 0) {
                 Ok(a) => return Ok(a),
                 Err(AllocError::OutOfMemory { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
-            // Out of memory: make room, in order of increasing cost.
+            // Out of memory: make room, in order of increasing cost. With the free bytes
+            // to hold the request, the layout refused it: moving one window's tensors on
+            // the device costs less than any copy over the link. Tried again after each
+            // wait below (what landed may leave room outside a window) until a round
+            // moves tensors; that round opens its window, so it is the last.
+            if !relocated && self.relocate_window(bytes)? {
+                relocated = true;
+                continue;
+            }
             let t0 = self.stats.transfer_stall_us;
             if let Some(id) = self.pipe.oldest_out() {
                 self.wait_for(id)?;
@@ -214,7 +223,7 @@ impl<B: DeviceBackend> TierManager<B> {
 
     /// The spill candidates: unpinned device tensors with no copy in flight (and, with
     /// `with_prefetched`, those prefetched and not used yet). O(tensors).
-    fn candidates(&self, with_prefetched: bool) -> Vec<Candidate> {
+    pub(crate) fn candidates(&self, with_prefetched: bool) -> Vec<Candidate> {
         let warm_free = self.staging.free_bytes();
         let step = self.step;
         let next_use = self.spill.reads_next_use();

@@ -42,6 +42,12 @@ pub struct TierReport {
     pub oom_spill_us: f64,
     pub oom_spilled_bytes: u64,
     pub oom_wait_in_us: f64,
+    /// The out-of-memory path's rounds that opened a block by moving tensors on the
+    /// device instead (`TierConfig::relocate`), the bytes moved, the time the copies
+    /// took (part of the transfer stall).
+    pub relocations: u64,
+    pub relocated_bytes: u64,
+    pub oom_relocate_us: f64,
     pub late_prefetch_us: f64,
     pub fault_us: f64,
     /// Bytes faulted in (synchronously, on access).

@@ -51,6 +51,12 @@ pub struct TierStats {
     pub oom_wait_in_us: f64,
     /// Out-of-memory rounds that spilled an address window (`TierConfig::oom_by_address`).
     pub oom_windows: u64,
+    /// Out-of-memory rounds that opened an address window by moving its tensors
+    /// elsewhere on the device (`TierConfig::relocate`), the bytes moved, and the time
+    /// the device copies took (part of `transfer_stall_us`).
+    pub relocations: u64,
+    pub relocated_bytes: u64,
+    pub oom_relocate_us: f64,
     /// Of the access stall: waiting for late prefetches, and faults.
     pub late_prefetch_us: f64,
     pub fault_us: f64,

@@ -1,0 +1,91 @@
+//! The tier manager on the device: what it moves on the GPU keeps its bytes. A module of
+//! the `cuda` test binary (`mod cuda_tier;`), run with it by `scripts/gpu-tests.sh`.
+
+use memcast_alloc::backend::host::HostBackend;
+use memcast_alloc::backend::layers::Limit;
+use memcast_alloc::backend::{DeviceBackend, MemRef};
+use memcast_alloc::tier::manager::TensorOpts;
+use memcast_alloc::tier::{TierConfig, TierManager};
+use memcast_alloc::{AllocConfig, Allocator};
+
+use super::cuda_common::{gpu, report, MIB};
+
+/// Relocation on the device (`TierConfig::relocate`): under a 2 MiB cap, 16 tensors of
+/// 64 KiB at every other slot (1 MiB free, no free block above 64 KiB); a request of
+/// 5 slots opens the window holding the fewest tensor bytes by moving its two tensors
+/// into free slots outside it with device copies (`cuMemcpyDtoDAsync`, then a
+/// synchronization): nothing is spilled, and every tensor reads back the bytes written
+/// into it before, at the address its handle now gives.
+#[test]
+fn relocation_moves_tensors_with_device_copies() {
+    let Some(g) = gpu() else {
+        return;
+    };
+    let v = relocation_program(g);
+    report("relocation_moves_tensors_with_device_copies", v);
+}
+
+/// The same program on host memory, where no GPU is: the program itself is checked
+/// everywhere.
+#[test]
+fn relocation_program_on_host_memory() {
+    relocation_program(HostBackend::new(64 * MIB));
+}
+
+/// The program of `relocation_moves_tensors_with_device_copies` on `backend`; its
+/// figures.
+fn relocation_program<B: DeviceBackend>(backend: B) -> serde_json::Value {
+    let (device, slot) = (2 * MIB, 64 << 10);
+    let cfg = AllocConfig {
+        growable_segments: false,
+        ..AllocConfig::default()
+    };
+    let alloc = Allocator::new(Limit::new(backend, device), cfg).unwrap();
+    let tiers = TierConfig {
+        budget: device,
+        // Only the out-of-memory path moves tensors.
+        high_watermark: 1.0,
+        low_watermark: 1.0,
+        prefetch_watermark: 0.01,
+        staging_bytes: 4 * MIB,
+        ..TierConfig::default()
+    };
+    let mut m = TierManager::new(alloc, tiers).unwrap();
+    let mut by_addr = Vec::new();
+    for _ in 0..device / slot {
+        let h = m.register(slot, TensorOpts::default()).unwrap();
+        by_addr.push((m.access(h, false).unwrap().0, h));
+        m.end_step();
+    }
+    by_addr.sort();
+    for &(_, h) in by_addr.iter().skip(1).step_by(2) {
+        m.free(h).unwrap();
+    }
+    let live: Vec<_> = by_addr.iter().step_by(2).map(|&(_, h)| h).collect();
+    let fill = |i: usize| vec![i as u8 + 1; slot as usize];
+    for (i, &h) in live.iter().enumerate() {
+        let p = m.access(h, true).unwrap();
+        m.backend_mut().write(MemRef::Device(p), &fill(i)).unwrap();
+        m.end_step();
+    }
+    m.register(5 * slot, TensorOpts::default()).unwrap();
+    m.end_step();
+    m.check_invariants().unwrap();
+    let s = m.stats().clone();
+    assert_eq!((s.relocations, s.relocated_bytes), (1, 2 * slot));
+    assert_eq!((s.spills, s.faults), (0, 0));
+    let mut got = vec![0u8; slot as usize];
+    for (i, &h) in live.iter().enumerate() {
+        let p = m.access(h, false).unwrap();
+        m.backend_mut().read(MemRef::Device(p), &mut got).unwrap();
+        assert_eq!(got, fill(i), "tensor {i}'s bytes after relocation");
+        m.end_step();
+    }
+    assert_eq!(m.stats().faults, 0);
+    serde_json::json!({
+        "relocations": s.relocations,
+        "relocated_bytes": s.relocated_bytes,
+        "relocate_us": s.oom_relocate_us,
+        "backend": m.backend_mut().name(),
+    })
+}
