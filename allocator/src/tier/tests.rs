@@ -23,14 +23,22 @@ pub(super) type TestBackend = FailOnDemand<Deferred>;
 /// both host tiers are used.
 pub(super) fn manager(seed: u64) -> (TierManager<TestBackend>, FailSwitch) {
     let (b, switch) = FailOnDemand::new(Deferred::new(2 << 20, seed));
-    let alloc = Allocator::new(b, AllocConfig::default()).unwrap();
+    // A quarter of them on fixed segments (as the budgeted replays), where the
+    // out-of-memory path meets fragmentation more often.
+    let alloc_cfg = AllocConfig {
+        growable_segments: seed & 48 != 48,
+        ..AllocConfig::default()
+    };
+    let alloc = Allocator::new(b, alloc_cfg).unwrap();
     let cfg = TierConfig {
         budget: 2 << 20,
         staging_bytes: 64 << 10,
         // Half the programs let pressure drop victims too.
         recompute: seed.is_multiple_of(2),
-        // Half of them choose out-of-memory victims by address.
+        // Half of them choose out-of-memory victims by address; half of them move a
+        // window's tensors on the device first.
         oom_by_address: seed & 4 != 0,
+        relocate: seed & 16 != 0,
         ..TierConfig::default()
     };
     // Half of them with predictive mode's prefetcher (the reads of longer iterations
