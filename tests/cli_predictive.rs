@@ -166,6 +166,7 @@ fn options_that_cannot_apply_are_errors() {
         ),
         (vec!["replay", &t, "--no-prefetch"], "--no-prefetch"),
         (vec!["replay", &t, "--no-arena"], "--no-arena"),
+        (vec!["replay", &t, "--no-relocate"], "--no-relocate"),
         (vec!["replay", &t, "--spread-waits"], "--spread-waits"),
         (
             vec!["replay", &t, "--watermarks", "0.9,0.8"],
@@ -264,6 +265,28 @@ fn no_arena_brings_back_the_segment_churn() {
         arena * 10 <= churn,
         "arena {arena} device calls, --no-arena {churn}"
     );
+}
+
+/// Relocation through the CLI: on ResNet-50 at 60% the out-of-memory path opens
+/// windows by moving tensors on the device (the JSON counts them), and
+/// `--no-relocate` turns it off.
+#[test]
+fn relocation_is_reported_and_can_be_turned_off() {
+    let t = bundled("resnet50_b64_train");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "replay", &t, "--policy", "reactive", "--budget", "60%", "--json",
+        ];
+        args.extend_from_slice(extra);
+        let v = json(&args);
+        (
+            v["relocations"].as_u64().unwrap(),
+            v["relocated_bytes"].as_u64().unwrap(),
+        )
+    };
+    let (on, off) = (run(&[]), run(&["--no-relocate"]));
+    assert!(on.0 > 0 && on.1 > 0, "relocations {on:?}");
+    assert_eq!(off, (0, 0));
 }
 
 /// The plan guard through the CLI: on the synthetic MLP under 60% (a plan from the

@@ -134,6 +134,10 @@ pub struct ReplayArgs {
     /// one segment, so that pressure frees and re-creates none).
     #[arg(long)]
     pub no_arena: bool,
+    /// With --budget: no relocation (the out-of-memory path does not move a window's
+    /// tensors elsewhere on the device before it spills).
+    #[arg(long)]
+    pub no_relocate: bool,
     /// With --budget: take compute time from the GPU's timeline as modelled from the
     /// trace: each iteration's final wait (where a host that ran ahead of the GPU
     /// waited at a synchronization; `memcast trace stats` shows it) spread over the
@@ -263,6 +267,9 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
     }
     if args.no_arena && args.budget.is_none() {
         bail!("--no-arena applies to a replay under --budget only");
+    }
+    if args.no_relocate && args.budget.is_none() {
+        bail!("--no-relocate applies to a replay under --budget only");
     }
     if args.spread_waits && args.budget.is_none() {
         bail!("--spread-waits applies to a replay under --budget only");

@@ -51,6 +51,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     if let Some(w) = &args.watermarks {
         (tier.high_watermark, tier.low_watermark) = parse_watermarks(w)?;
     }
+    tier.relocate = !args.no_relocate;
     let costs = super::cost_model(args)?;
     let mut reports = Vec::new();
     for p in &policies {
