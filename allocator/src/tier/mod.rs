@@ -134,7 +134,7 @@ pub struct TierConfig {
     /// On an out-of-memory retry with enough free bytes for the request (the failure is
     /// fragmentation), first open the address window holding the fewest movable bytes
     /// by moving its tensors into free blocks outside it, device to device
-    /// ([`relocate`]), before anything goes over the link. On by default: lower mean
+    /// (`tier/relocate.rs`), before anything goes over the link. On by default: lower mean
     /// stall on the corpus's train and validation splits, reactive and predictive
     /// (docs/tiers.md, "Relocation").
     pub relocate: bool,
