@@ -51,11 +51,11 @@ impl BuddyPool {
         spot(n.seg, n.offset)
     }
 
-    /// The smallest free block of a large-run segment that holds `len` bytes within
-    /// its segment's mapped range and lies wholly outside the device addresses
-    /// `[lo, hi)` (lowest segment and offset among equals): where relocation puts the
-    /// runs of a window it opens. Best-fit placement only (`None` under buddy
-    /// placement). O(free blocks): only on out-of-memory retries.
+    /// The smallest free block of a large-run segment that holds `len` bytes and lies
+    /// wholly outside the device addresses `[lo, hi)` (lowest segment and offset among
+    /// equals), a growable segment's free tail excepted (placement keeps it for last):
+    /// where relocation puts the runs of a window it opens. Best-fit placement only
+    /// (`None` under buddy placement). O(free blocks): only on out-of-memory retries.
     pub fn best_fit_outside(&self, len: u64, lo: u64, hi: u64) -> Option<Spot> {
         if !self.best_fit {
             return None;
@@ -65,7 +65,8 @@ impl BuddyPool {
             .filter(|&(_, small, seg, off, l)| {
                 let s = &self.segs[seg];
                 let (a, b) = (s.base + off, s.base + off + l);
-                !small && l >= len && off + len <= s.mapped && (b <= lo || a >= hi)
+                let tail = s.growable && off + l == s.mapped;
+                !small && !tail && l >= len && (b <= lo || a >= hi)
             })
             .min_by_key(|&(_, _, seg, off, l)| (l, seg, off))
             .map(|(free, _, seg, off, _)| Spot { seg, off, free })

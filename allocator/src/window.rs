@@ -124,14 +124,22 @@ impl<B: DeviceBackend> Allocator<B> {
         })
     }
 
+    /// Whether a request of `bytes` is served from the large-run segments (the ones
+    /// [`Allocator::cheapest_window`] reads), not from the small-object slabs.
+    pub fn is_large(&self, bytes: u64) -> bool {
+        bytes >= self.classes.small_max()
+    }
+
     /// Allocates `bytes` (a large request) at the start of the smallest free block of
     /// `stream`'s large-run segments that lies wholly outside the device addresses
     /// `[lo, hi)`: where a caller opening the window `[lo, hi)` moves its runs, so that
     /// none lands in the window's own free blocks. The run cache is flushed first, as a
-    /// large miss does. `Ok(None)`: no such block, a request below the large size
-    /// classes or over `max_request`, buddy placement, or released pages in the pool
-    /// (their backing is the ordinary path's). Never calls the device. O(free blocks):
-    /// only on out-of-memory retries.
+    /// large miss does (which may give an emptied segment back to the device, as a
+    /// miss's flush does); a growable segment's free tail is not used (it stays whole
+    /// for growth and release). `Ok(None)`: no such block, a request below the large
+    /// size classes or over `max_request`, buddy placement, planned placement (its plan
+    /// follows each run's allocation and free), or released pages in the pool (their
+    /// backing is the ordinary path's). O(free blocks): only on out-of-memory retries.
     pub fn allocate_outside(
         &mut self,
         bytes: u64,
@@ -142,7 +150,7 @@ impl<B: DeviceBackend> Allocator<B> {
         let Some(len) = bytes.checked_add(min - 1).map(|b| b & !(min - 1)) else {
             return Ok(None);
         };
-        if bytes < self.classes.small_max() || bytes > self.request_cap {
+        if !self.is_large(bytes) || bytes > self.request_cap || self.placement.is_some() {
             return Ok(None);
         }
         if self.pool_mut(stream)?.cache.runs() > 0 {

@@ -64,7 +64,7 @@ impl<B: DeviceBackend> TierManager<B> {
             // to hold the request, the layout refused it: moving one window's tensors on
             // the device costs less than any copy over the link. Tried again after each
             // wait below (what landed may leave room outside a window) until a round
-            // moves tensors; that round opens its window, so it is the last.
+            // opens its window; the retry after that round is served.
             if !relocated && self.relocate_window(bytes)? {
                 relocated = true;
                 continue;
@@ -193,11 +193,7 @@ impl<B: DeviceBackend> TierManager<B> {
             return Ok(0);
         }
         let cands = self.candidates(with_prefetched);
-        let by_ptr: std::collections::HashMap<u64, usize> = cands
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| Some((self.reg.get(c.handle).ok()?.place.device()?.ptr.0, i)))
-            .collect();
+        let by_ptr = self.by_device_ptr(&cands);
         let cost = self.cost.as_ref();
         let Some(w) = self.alloc.cheapest_window(bytes, 0, |p| {
             by_ptr.get(&p.0).map(|&i| window_cost(cost, &cands[i]))
@@ -221,6 +217,18 @@ impl<B: DeviceBackend> TierManager<B> {
             self.stats.oom_windows += 1;
         }
         Ok(issued)
+    }
+
+    /// Each candidate's index in `cands` by its device address. O(candidates).
+    pub(crate) fn by_device_ptr(
+        &self,
+        cands: &[Candidate],
+    ) -> std::collections::HashMap<u64, usize> {
+        cands
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((self.reg.get(c.handle).ok()?.place.device()?.ptr.0, i)))
+            .collect()
     }
 
     /// The spill candidates: unpinned device tensors with no copy in flight (and, with
