@@ -34,6 +34,19 @@ fn fragmented_with(
     fragmented_on(sim, (by_address, false), spill, prefetch)
 }
 
+/// A budget of `budget` bytes with no watermark spills and no prefetches: only the
+/// out-of-memory path moves tensors.
+fn oom_path_only(budget: u64) -> TierConfig {
+    TierConfig {
+        budget,
+        high_watermark: 1.0,
+        low_watermark: 1.0,
+        prefetch_watermark: 0.01,
+        staging_bytes: 4 << 20,
+        ..TierConfig::default()
+    }
+}
+
 /// [`fragmented`] on `backend`, with `oom_by_address` and `relocate` as given.
 fn fragmented_on<B: DeviceBackend>(
     backend: B,
@@ -50,15 +63,9 @@ fn fragmented_on<B: DeviceBackend>(
     )
     .unwrap();
     let cfg = TierConfig {
-        budget: DEVICE,
-        // No watermark spills and no prefetches: only the out-of-memory path moves.
-        high_watermark: 1.0,
-        low_watermark: 1.0,
-        prefetch_watermark: 0.01,
-        staging_bytes: 4 << 20,
         oom_by_address: by_address,
         relocate,
-        ..TierConfig::default()
+        ..oom_path_only(DEVICE)
     };
     let cost = Box::new(super::spill::LinkCost::default());
     let mut m = TierManager::with_policies(alloc, cfg, spill, cost, prefetch).unwrap();
@@ -255,15 +262,7 @@ fn relocation_that_cannot_place_a_tensor_moves_nothing() {
         },
     )
     .unwrap();
-    let cfg = TierConfig {
-        budget: device,
-        high_watermark: 1.0,
-        low_watermark: 1.0,
-        prefetch_watermark: 0.01,
-        staging_bytes: 4 << 20,
-        ..TierConfig::default()
-    };
-    let mut m = TierManager::new(alloc, cfg).unwrap();
+    let mut m = TierManager::new(alloc, oom_path_only(device)).unwrap();
     let mut hs = Vec::new();
     for slots in [2, 1, 1, 1, 1, 1, 1] {
         hs.push(
