@@ -228,18 +228,22 @@ fn a_missing_model_is_an_error_naming_it() {
     assert!(e.contains("/nonexistent/model-dir"), "{e}");
 }
 
+/// The JSON of `memcast replay` of the bundled ResNet-50, reactive tiers at 60% of its
+/// peak, with `extra` arguments.
+fn resnet_reactive_60(extra: &[&str]) -> serde_json::Value {
+    let t = bundled("resnet50_b64_train");
+    let mut args = vec![
+        "replay", &t, "--policy", "reactive", "--budget", "60%", "--json",
+    ];
+    args.extend_from_slice(extra);
+    json(&args)
+}
+
 /// --watermarks sets when spilling starts: at 1,1 nothing spills ahead of an
 /// out-of-memory, so the out-of-memory path spills more than with the defaults.
 #[test]
 fn watermarks_move_the_spills_to_the_out_of_memory_path() {
-    let t = bundled("resnet50_b64_train");
-    let oom_spills = |extra: &[&str]| {
-        let mut args = vec![
-            "replay", &t, "--policy", "reactive", "--budget", "60%", "--json",
-        ];
-        args.extend_from_slice(extra);
-        json(&args)["sync_spills"].as_u64().unwrap()
-    };
+    let oom_spills = |extra: &[&str]| resnet_reactive_60(extra)["sync_spills"].as_u64().unwrap();
     let (default, late) = (oom_spills(&[]), oom_spills(&["--watermarks", "1,1"]));
     assert!(
         late > default,
@@ -251,13 +255,8 @@ fn watermarks_move_the_spills_to_the_out_of_memory_path() {
 /// then, under pressure, it frees and re-creates segments (many more device calls).
 #[test]
 fn no_arena_brings_back_the_segment_churn() {
-    let t = bundled("resnet50_b64_train");
     let calls = |extra: &[&str]| {
-        let mut args = vec![
-            "replay", &t, "--policy", "reactive", "--budget", "60%", "--json",
-        ];
-        args.extend_from_slice(extra);
-        let v = json(&args);
+        let v = resnet_reactive_60(extra);
         v["device_allocs"].as_u64().unwrap() + v["device_frees"].as_u64().unwrap()
     };
     let (arena, churn) = (calls(&[]), calls(&["--no-arena"]));
@@ -272,13 +271,8 @@ fn no_arena_brings_back_the_segment_churn() {
 /// `--no-relocate` turns it off.
 #[test]
 fn relocation_is_reported_and_can_be_turned_off() {
-    let t = bundled("resnet50_b64_train");
     let run = |extra: &[&str]| {
-        let mut args = vec![
-            "replay", &t, "--policy", "reactive", "--budget", "60%", "--json",
-        ];
-        args.extend_from_slice(extra);
-        let v = json(&args);
+        let v = resnet_reactive_60(extra);
         (
             v["relocations"].as_u64().unwrap(),
             v["relocated_bytes"].as_u64().unwrap(),
