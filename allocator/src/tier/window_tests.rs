@@ -300,3 +300,76 @@ fn relocation_that_cannot_place_a_tensor_moves_nothing() {
         "a target of the undone round was kept"
     );
 }
+
+/// Where the cheapest window holds a tensor no free block outside it takes, the next
+/// window whose tensors all fit outside is opened. Units of 64 KiB in one 2 MiB
+/// segment: T1 (2) at 0, free 2..4, pinned 4..8, free 8, T3 at 9, T4 (2) at 10..12,
+/// pinned 12..14, free 14, pinned to the end. A request of 4 units: the window of T1
+/// and the free block after it moves 2 units, but only single free units lie outside
+/// it; the window of free unit 8, T3 and T4 moves 3: T4 to 2..4, T3 to 14, the request
+/// at 8, nothing spilled, every byte where its handle points.
+#[test]
+fn relocation_tries_the_next_window_when_the_cheapest_cannot_be_placed() {
+    const U: u64 = SLOT;
+    let alloc = Allocator::new(
+        HostBackend::new(DEVICE),
+        AllocConfig {
+            growable_segments: false,
+            growth_initial: DEVICE,
+            ..AllocConfig::default()
+        },
+    )
+    .unwrap();
+    let mut m = TierManager::new(alloc, oom_path_only(DEVICE)).unwrap();
+    // T1, free, P1, free, T3, T4, P2, free, P3.
+    let sizes = [2, 2, 4, 1, 1, 2, 2, 1, 17];
+    let hs: Vec<_> = sizes
+        .iter()
+        .map(|&u| {
+            let h = m.register(u * U, TensorOpts::default()).unwrap();
+            m.end_step();
+            h
+        })
+        .collect();
+    let base = m.reg.get(hs[0]).unwrap().place.device().unwrap().ptr.0;
+    let unit = |m: &TierManager<HostBackend>, h| {
+        (m.reg.get(h).unwrap().place.device().unwrap().ptr.0 - base) / U
+    };
+    let at: Vec<u64> = hs.iter().map(|&h| unit(&m, h)).collect();
+    assert_eq!(
+        at,
+        [0, 2, 4, 8, 9, 10, 12, 14, 15],
+        "the layout is not the one meant"
+    );
+    let (t1, t3, t4) = (hs[0], hs[4], hs[5]);
+    let fill = |i: u8, u: u64| vec![i; (u * U) as usize];
+    for (i, &(t, u)) in [(t1, 2), (t3, 1), (t4, 2)].iter().enumerate() {
+        let p = m.access(t, true).unwrap();
+        m.backend_mut()
+            .write(MemRef::Device(p), &fill(i as u8 + 1, u))
+            .unwrap();
+        m.end_step();
+    }
+    for i in [1, 3, 7] {
+        m.free(hs[i]).unwrap();
+    }
+    // The fillers are pinned by this step: no window holds them.
+    for i in [2, 6, 8] {
+        m.access(hs[i], false).unwrap();
+    }
+    let h = m.register(4 * U, TensorOpts::default()).unwrap();
+    m.check_invariants().unwrap();
+    let s = m.stats();
+    assert_eq!((s.relocations, s.relocated_bytes), (1, 3 * U));
+    assert_eq!((s.spills, s.sync_spills, s.oom_windows), (0, 0, 0));
+    assert_eq!(unit(&m, h), 8);
+    assert_eq!((unit(&m, t1), unit(&m, t4), unit(&m, t3)), (0, 2, 14));
+    m.end_step();
+    for (i, &(t, u)) in [(t1, 2), (t3, 1), (t4, 2)].iter().enumerate() {
+        let p = m.access(t, false).unwrap();
+        let mut got = vec![0u8; (u * U) as usize];
+        m.backend_mut().read(MemRef::Device(p), &mut got).unwrap();
+        assert_eq!(got, fill(i as u8 + 1, u), "tensor {i}'s bytes");
+        m.end_step();
+    }
+}
