@@ -143,11 +143,6 @@ impl BuddyPool {
 
     /// Chooses placement: best fit over coalesced free extents (default) or the classic
     /// buddy choice (smallest free block of a sufficient order).
-    /// Whether placement is best fit over the extents (else buddy order).
-    pub(crate) fn is_best_fit(&self) -> bool {
-        self.best_fit
-    }
-
     pub fn set_best_fit(&mut self, on: bool) {
         self.best_fit = on;
     }

@@ -124,89 +124,10 @@ impl<B: DeviceBackend> Allocator<B> {
         })
     }
 
-    /// Every window of `bytes` in `stream`'s large-run segments, as
-    /// [`Allocator::cheapest_window`] defines them (one per block a window can start at:
-    /// the shortest run of blocks from it that holds the rounded request and no run
-    /// `cost` refuses), cheapest first; among equal costs, in address order within a
-    /// segment, segments in the pool's order. For a caller that tries windows in turn
-    /// (relocation: the cheapest window may hold a run no free block outside it takes).
-    /// Cost: the same sweep, O(blocks) calls of `cost`, then O(w log w) to order the w
-    /// windows and their victim lists (O(blocks) each at most).
-    pub fn windows(
-        &self,
-        bytes: u64,
-        stream: StreamId,
-        mut cost: impl FnMut(DevicePtr) -> Option<f64>,
-    ) -> Vec<Window> {
-        let min = self.cfg.min_block;
-        let Some(len) = bytes.checked_add(min - 1).map(|b| b & !(min - 1)) else {
-            return Vec::new();
-        };
-        let Some(Some(pool)) = self.pools.get(stream as usize) else {
-            return Vec::new();
-        };
-        // Blocks: (address, length, free, cost to free; None = cannot be freed).
-        type Blk = (u64, u64, bool, Option<f64>);
-        let mut out = Vec::new();
-        let mut blocks: Vec<Blk> = Vec::new();
-        for (seg, s) in pool.buddy.live_segments() {
-            if s.small || s.mapped < len {
-                continue;
-            }
-            blocks.clear();
-            blocks.extend(pool.buddy.blocks_of(seg).map(|(off, l, free)| {
-                let p = s.base + off;
-                let c = if free { Some(0.0) } else { cost(DevicePtr(p)) };
-                (p, l, free, c)
-            }));
-            // Two pointers, as in `cheapest_window`: [i, j) holds `span` bytes.
-            let (mut i, mut j, mut span) = (0usize, 0usize, 0u64);
-            while i < blocks.len() {
-                while span < len && j < blocks.len() && blocks[j].3.is_some() {
-                    span += blocks[j].1;
-                    j += 1;
-                }
-                if span >= len {
-                    let w = &blocks[i..j];
-                    out.push(Window {
-                        start: DevicePtr(w[0].0),
-                        span,
-                        cost: w.iter().filter_map(|b| b.3).map(|c| c.max(0.0)).sum(),
-                        victims: w.iter().filter(|b| !b.2).map(|b| DevicePtr(b.0)).collect(),
-                    });
-                    span -= blocks[i].1;
-                    i += 1;
-                } else if j < blocks.len() && blocks[j].3.is_none() {
-                    // Block j cannot be freed: restart past it.
-                    i = j + 1;
-                    j = i;
-                    span = 0;
-                } else {
-                    break;
-                }
-            }
-        }
-        // Stable: equal costs keep the sweep's order.
-        out.sort_by(|a, b| a.cost.total_cmp(&b.cost));
-        out
-    }
-
     /// Whether a request of `bytes` is served from the large-run segments (the ones
     /// [`Allocator::cheapest_window`] reads), not from the small-object slabs.
     pub fn is_large(&self, bytes: u64) -> bool {
         bytes >= self.classes.small_max()
-    }
-
-    /// Whether [`Allocator::allocate_outside`] can serve `bytes` on `stream` at all,
-    /// wherever the window lies: a large request within `max_request`, best-fit
-    /// placement with no plan, and no released pages in the pool (as the pool is now;
-    /// the run cache's flush, which comes first there, may release some). O(1).
-    pub fn can_allocate_outside(&self, bytes: u64, stream: StreamId) -> bool {
-        self.is_large(bytes)
-            && bytes <= self.request_cap
-            && self.placement.is_none()
-            && matches!(self.pools.get(stream as usize),
-                Some(Some(p)) if p.buddy.is_best_fit() && p.pages.count == 0)
     }
 
     /// Allocates `bytes` (a large request) at the start of the smallest free block of
@@ -229,7 +150,7 @@ impl<B: DeviceBackend> Allocator<B> {
         let Some(len) = bytes.checked_add(min - 1).map(|b| b & !(min - 1)) else {
             return Ok(None);
         };
-        if !self.can_allocate_outside(bytes, stream) {
+        if !self.is_large(bytes) || bytes > self.request_cap || self.placement.is_some() {
             return Ok(None);
         }
         if self.pool_mut(stream)?.cache.runs() > 0 {
@@ -283,50 +204,6 @@ mod tests {
             a.deallocate(runs[i], 0).unwrap();
         }
         (a, base)
-    }
-
-    /// Every window of three slots, cheapest first (a live run costs its slot + 1; equal
-    /// costs in address order), the first the one `cheapest_window` gives; a refused
-    /// run (slot 4) bounds every window that would hold it.
-    #[test]
-    fn windows_lists_every_window_cheapest_first() {
-        let (mut a, base) = layout();
-        // As after a failed large allocation: the freed runs leave the run cache.
-        a.flush_cache(0).unwrap();
-        let slot = |p: crate::backend::DevicePtr| (p.0 - base) / S;
-        let cost = |p: crate::backend::DevicePtr| Some(slot(p) as f64 + 1.0);
-        let ws = a.windows(3 * S, 0, cost);
-        let got: Vec<(u64, f64, Vec<u64>)> = ws
-            .iter()
-            .map(|w| {
-                (
-                    slot(w.start),
-                    w.cost,
-                    w.victims.iter().map(|&p| slot(p)).collect(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            got,
-            [
-                (1, 3.0, vec![2]),
-                (0, 4.0, vec![0, 2]),
-                (3, 5.0, vec![4]),
-                (4, 5.0, vec![4]),
-                (2, 8.0, vec![2, 4]),
-                (5, 8.0, vec![7]),
-            ]
-        );
-        assert!(ws.iter().all(|w| w.span >= 3 * S));
-        assert_eq!(Some(&ws[0]), a.cheapest_window(3 * S, 0, cost).as_ref());
-        let refuse4 = |p| (slot(p) != 4).then(|| slot(p) as f64 + 1.0);
-        let starts: Vec<u64> = a
-            .windows(3 * S, 0, refuse4)
-            .iter()
-            .map(|w| slot(w.start))
-            .collect();
-        assert_eq!(starts, [1, 0, 5]);
-        assert!(a.windows(9 * S, 0, cost).is_empty());
     }
 
     /// The smallest free block wholly outside the window, lowest address among equals;

@@ -5,19 +5,15 @@
 //! that stay, and a request can fail with more free bytes than it asks for. The
 //! out-of-memory path used to answer every such failure over the link (wait for spills
 //! in flight, then spill the cheapest address window: `TierConfig::oom_by_address`).
-//! Relocation answers it on the device: the tensors of an address window of the
-//! request's size are copied device to device into free blocks outside it, and their
-//! old blocks are freed, which opens the window.
+//! Relocation answers it on the device: the tensors of the address window of the
+//! request's size that holds the fewest movable bytes are copied device to device into
+//! free blocks outside it, and their old blocks are freed, which opens the window.
 //!
 //! - **Targets first.** Every moved tensor's new block is allocated while the
 //!   window's tensors still hold theirs, largest tensor first, each in the smallest
-//!   free block wholly outside the window (`Allocator::allocate_outside`).
-//! - **Which window.** Windows are tried in order of the bytes they would move
-//!   (`Allocator::windows`), fewest first, until every tensor of one has a target; a
-//!   window where one does not fit is undone (its targets freed, nothing moved) and the
-//!   next is tried. If none fits, the round moves nothing and the path goes on over the
-//!   link as before. (The fewest bytes alone was the rule first: on GPT-2 at 60% its
-//!   window could be placed in 2 to 4% of the rounds.)
+//!   free block wholly outside the window (`Allocator::allocate_outside`); if one does
+//!   not fit, the round is undone (every target freed, nothing moved) and the path goes
+//!   on over the link as before.
 //! - **Then the copies**, synchronous on the compute stream (the device's copy moves
 //!   ~1.8 TB/s at 64 MiB on an H200, measured, against ~51 GB/s over the link each way:
 //!   a 64 MiB tensor in ~37 us where its spill takes ~1.3 ms and its return as much
@@ -36,11 +32,10 @@
 //! While a round runs, the allocator's counters hold the moved tensors twice (targets
 //! are allocated before the old blocks are freed), as its peaks then show.
 //!
-//! Cost: the candidates (O(tensors)), a map by address and a sweep of the arena's blocks
-//! listing every window, then per window tried and per tensor of it one search of the
-//! free blocks outside the window (O(free blocks)); per moved tensor one device copy and
-//! one free. Only on out-of-memory retries with the free bytes for the request (on
-//! GPT-2 at 60%, 60 to 90 us of host time per round).
+//! Cost: the candidates (O(tensors)), a map by address and a sweep of the arena's blocks,
+//! then per moved tensor one search of the free blocks outside the window (O(free
+//! blocks)), one device copy and one free. Only on out-of-memory retries that
+//! fragmentation caused.
 
 use crate::backend::{DeviceBackend, MemRef};
 use crate::pool::Allocation;
@@ -58,14 +53,42 @@ impl<B: DeviceBackend> TierManager<B> {
     pub(crate) fn relocate_window(&mut self, bytes: u64) -> Result<bool, TierError> {
         // Small requests live in the slabs, which windows do not cover.
         if !self.cfg.relocate
-            || !self.alloc.can_allocate_outside(bytes, 0)
+            || !self.alloc.is_large(bytes)
             || self.alloc.large_free_bytes(0) < bytes
         {
             return Ok(false);
         }
-        let Some((victims, targets)) = self.place_window(bytes)? else {
+        let cands = self.candidates(true);
+        let by_ptr = self.by_device_ptr(&cands);
+        // The cost of a window is the bytes its tensors would move.
+        let Some(w) = self.alloc.cheapest_window(bytes, 0, |p| {
+            by_ptr.get(&p.0).map(|&i| cands[i].bytes as f64)
+        }) else {
             return Ok(false);
         };
+        let mut victims: Vec<(TensorHandle, Allocation)> = Vec::new();
+        for p in &w.victims {
+            let Some(&i) = by_ptr.get(&p.0) else {
+                return Ok(false);
+            };
+            let h = cands[i].handle;
+            let Place::Device { alloc } = self.reg.get(h)?.place else {
+                return Ok(false);
+            };
+            victims.push((h, alloc));
+        }
+        victims.sort_by_key(|&(_, a)| std::cmp::Reverse(a.size));
+        let window = (w.start.0, w.start.0 + w.span);
+        let mut targets: Vec<Allocation> = Vec::with_capacity(victims.len());
+        for &(_, old) in &victims {
+            match self.alloc.allocate_outside(old.size, 0, window) {
+                Ok(Some(a)) => targets.push(a),
+                other => {
+                    self.free_all(targets)?;
+                    return other.map(|_| false).map_err(TierError::from);
+                }
+            }
+        }
         let t0 = self.alloc.backend().now_us();
         let (mut moved, mut left) = (0, Vec::new());
         let mut first_err = None;
@@ -108,56 +131,6 @@ impl<B: DeviceBackend> TierManager<B> {
         }
         r?;
         Ok(opened)
-    }
-
-    /// The window the round opens and its tensors' targets: windows are tried
-    /// cheapest first (bytes to move) until every tensor of one has a block outside it,
-    /// the targets allocated, largest tensor first. `None` if no window's tensors all
-    /// fit outside it (every target tried is given back). Trying the windows after
-    /// the cheapest took a round's mean host time on GPT-2 at 60% from ~40 us to 60
-    /// to 90 us.
-    #[allow(clippy::type_complexity)]
-    fn place_window(
-        &mut self,
-        bytes: u64,
-    ) -> Result<Option<(Vec<(TensorHandle, Allocation)>, Vec<Allocation>)>, TierError> {
-        let cands = self.candidates(true);
-        let by_ptr = self.by_device_ptr(&cands);
-        // The cost of a window is the bytes its tensors would move.
-        let windows = self.alloc.windows(bytes, 0, |p| {
-            by_ptr.get(&p.0).map(|&i| cands[i].bytes as f64)
-        });
-        'windows: for w in &windows {
-            let mut victims: Vec<(TensorHandle, Allocation)> = Vec::with_capacity(w.victims.len());
-            for p in &w.victims {
-                let Some(&i) = by_ptr.get(&p.0) else {
-                    continue 'windows;
-                };
-                let h = cands[i].handle;
-                let Place::Device { alloc } = self.reg.get(h)?.place else {
-                    continue 'windows;
-                };
-                victims.push((h, alloc));
-            }
-            victims.sort_by_key(|&(_, a)| std::cmp::Reverse(a.size));
-            let window = (w.start.0, w.start.0 + w.span);
-            let mut targets: Vec<Allocation> = Vec::with_capacity(victims.len());
-            for &(_, old) in &victims {
-                match self.alloc.allocate_outside(old.size, 0, window) {
-                    Ok(Some(a)) => targets.push(a),
-                    Ok(None) => {
-                        self.free_all(targets)?;
-                        continue 'windows;
-                    }
-                    Err(e) => {
-                        self.free_all(targets)?;
-                        return Err(e.into());
-                    }
-                }
-            }
-            return Ok(Some((victims, targets)));
-        }
-        Ok(None)
     }
 
     /// Frees every allocation of `allocs` even if one fails; the first error.
