@@ -235,4 +235,49 @@ mod tests {
         assert_eq!(a.stats().allocated.current, 4 * S);
         a.check_invariants().unwrap();
     }
+
+    /// A growable segment's free tail stays whole for growth and release: a request
+    /// that only the tail would hold is refused, one a hole holds goes in the hole.
+    /// Under planned placement nothing is served outside a window (its plan follows
+    /// every run's allocation and free).
+    #[test]
+    fn allocate_outside_leaves_a_growable_tail_and_planned_placement_alone() {
+        let mut a = Allocator::new(
+            SimBackend::new(64 * S, Default::default()),
+            AllocConfig::default(),
+        )
+        .unwrap();
+        let runs: Vec<_> = (0..4).map(|_| a.allocate(S, 0).unwrap()).collect();
+        a.deallocate(runs[1], 0).unwrap();
+        let base = runs[0].ptr.0;
+        let (free, largest) = a.free_and_largest();
+        assert!(
+            largest > 2 * S && free > 3 * S,
+            "no free tail: {free} {largest}"
+        );
+        let window = (base + 3 * S, base + 4 * S);
+        assert!(a.allocate_outside(2 * S, 0, window).unwrap().is_none());
+        let r = a.allocate_outside(S, 0, window).unwrap().unwrap();
+        assert_eq!(r.ptr.0, base + S);
+        a.check_invariants().unwrap();
+
+        let mut a = Allocator::new(
+            SimBackend::new(8 * S, Default::default()),
+            AllocConfig {
+                growable_segments: false,
+                growth_initial: 8 * S,
+                placement: crate::config::Placement::Planned,
+                ..AllocConfig::default()
+            },
+        )
+        .unwrap();
+        let runs: Vec<_> = (0..4).map(|_| a.allocate(S, 0).unwrap()).collect();
+        a.deallocate(runs[1], 0).unwrap();
+        let base = runs[0].ptr.0;
+        assert!(a
+            .allocate_outside(S, 0, (base + 3 * S, base + 4 * S))
+            .unwrap()
+            .is_none());
+        a.check_invariants().unwrap();
+    }
 }
