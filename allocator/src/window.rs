@@ -177,7 +177,7 @@ impl<B: DeviceBackend> Allocator<B> {
 #[cfg(test)]
 mod tests {
     use crate::backend::sim::SimBackend;
-    use crate::config::AllocConfig;
+    use crate::config::{AllocConfig, Placement};
     use crate::pool::Allocator;
 
     const S: u64 = 256 << 10;
@@ -185,11 +185,17 @@ mod tests {
     /// One 2 MiB segment of eight 256 KiB runs; slots 1, 3, 5 and 6 freed (blocks of
     /// one slot at 1 and 3, of two slots at 5..7).
     fn layout() -> (Allocator<SimBackend>, u64) {
+        layout_with(Placement::BestFit)
+    }
+
+    /// [`layout`] under `placement`.
+    fn layout_with(placement: Placement) -> (Allocator<SimBackend>, u64) {
         let mut a = Allocator::new(
             SimBackend::new(8 * S, Default::default()),
             AllocConfig {
                 growable_segments: false,
                 growth_initial: 8 * S,
+                placement,
                 ..AllocConfig::default()
             },
         )
@@ -261,21 +267,9 @@ mod tests {
         assert_eq!(r.ptr.0, base + S);
         a.check_invariants().unwrap();
 
-        let mut a = Allocator::new(
-            SimBackend::new(8 * S, Default::default()),
-            AllocConfig {
-                growable_segments: false,
-                growth_initial: 8 * S,
-                placement: crate::config::Placement::Planned,
-                ..AllocConfig::default()
-            },
-        )
-        .unwrap();
-        let runs: Vec<_> = (0..4).map(|_| a.allocate(S, 0).unwrap()).collect();
-        a.deallocate(runs[1], 0).unwrap();
-        let base = runs[0].ptr.0;
+        let (mut a, base) = layout_with(Placement::Planned);
         assert!(a
-            .allocate_outside(S, 0, (base + 3 * S, base + 4 * S))
+            .allocate_outside(S, 0, (base + 6 * S, base + 8 * S))
             .unwrap()
             .is_none());
         a.check_invariants().unwrap();
