@@ -3,7 +3,7 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [norelocate] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits] [low=X] [high=X] [costs=NAME]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [norelocate] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits] [low=X] [high=X] [costs=NAME] [save=PATH] [base=PATH]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
 //! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
@@ -24,7 +24,13 @@
 //! predictive with the LSTM at most half of reactive, and within 1.5x of the oracle's
 //! plan, naming the traces outside); `low=X`, `high=X`: `TierConfig::low_watermark`
 //! (also the plans' cap) and `high_watermark`; `costs=h100`: the link and device costs
-//! measured on an H100 (`CostModel::h100`, for its recordings) instead of the H200's.
+//! measured on an H100 (`CostModel::h100`, for its recordings) instead of the H200's;
+//! `save=PATH`: every cell's unrounded figures written to PATH (tab-separated:
+//! workload, column, whole run, from the second iteration); `base=PATH`: such a file
+//! of an earlier run (another build or setting) read back, and under the table, per
+//! column, how many traces are lower, higher and level against it (a change of more
+//! than 0.005) and the median change: a mean over traces whose stalls differ by 100x
+//! moves with one trace, and a change chosen on it alone may not hold elsewhere.
 
 use memcast_alloc::backend::sim::CostModel;
 use memcast_alloc::config::Actions;
@@ -67,6 +73,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(path) => Some(solo_times(&path)?),
         None => None,
     };
+    let base = match value("base") {
+        Some(path) => Some(read_figures(&path)?),
+        None => None,
+    };
+    let mut saved = String::new();
     let plan = Actions {
         plan: true,
         ..Actions::none()
@@ -156,6 +167,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let steady = after_first(&r);
             steady_sums[i] += steady;
             figures.push((r.stall_overhead, steady));
+            saved.push_str(&format!(
+                "{}\t{}\t{}\t{}\n",
+                e.workload, rows[i].0, r.stall_overhead, steady
+            ));
             cells.push(if !r.completed {
                 "OOM".into()
             } else if flag("steady") {
@@ -231,7 +246,77 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("outside 1.5x, {when}: {outside}");
         }
     }
+    if let Some(path) = value("save") {
+        std::fs::write(&path, &saved).map_err(|e| format!("{path}: {e}"))?;
+    }
+    if let Some(base) = &base {
+        let now = parse_figures(&saved, "this run")?;
+        for (name, _, _) in &rows {
+            println!("against base, {name}: {}", against(base, &now, name));
+        }
+    }
     Ok(())
+}
+
+/// Unrounded figures by (workload, column): (whole run, from the second iteration).
+type Figures = std::collections::BTreeMap<(String, String), (f64, f64)>;
+
+fn read_figures(path: &str) -> Result<Figures, Box<dyn std::error::Error>> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    Ok(parse_figures(&text, path)?)
+}
+
+/// Parses what `save=PATH` writes; `origin` names the source in errors.
+fn parse_figures(text: &str, origin: &str) -> Result<Figures, String> {
+    let mut out = Figures::new();
+    for (n, line) in text.lines().enumerate() {
+        let f: Vec<&str> = line.split('\t').collect();
+        let bad = || {
+            format!(
+                "{origin}: line {}: expected workload, column and two numbers",
+                n + 1
+            )
+        };
+        if f.len() != 4 {
+            return Err(bad());
+        }
+        let whole: f64 = f[2].parse().map_err(|_| bad())?;
+        let later: f64 = f[3].parse().map_err(|_| bad())?;
+        out.insert((f[0].to_string(), f[1].to_string()), (whole, later));
+    }
+    Ok(out)
+}
+
+/// Column `name` of `now` against `base` on the traces both have: counts of lower,
+/// higher and level traces (whole run; a change of at most 0.005 is level), the
+/// median change and the two means.
+fn against(base: &Figures, now: &Figures, name: &str) -> String {
+    let mut changes: Vec<(f64, f64, f64)> = now
+        .iter()
+        .filter(|((_, col), _)| col == name)
+        .filter_map(|(key, v)| base.get(key).map(|b| (v.0 - b.0, b.0, v.0)))
+        .collect();
+    if changes.is_empty() {
+        return "no trace in common".into();
+    }
+    let lower = changes.iter().filter(|c| c.0 < -0.005).count();
+    let higher = changes.iter().filter(|c| c.0 > 0.005).count();
+    let n = changes.len();
+    let (b, v) = changes
+        .iter()
+        .fold((0.0, 0.0), |(b, v), c| (b + c.1, v + c.2));
+    changes.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let median = if n % 2 == 1 {
+        changes[n / 2].0
+    } else {
+        0.5 * (changes[n / 2 - 1].0 + changes[n / 2].0)
+    };
+    format!(
+        "lower {lower}, higher {higher}, level {} of {n}; median change {median:+.4}; mean {:.4} -> {:.4}",
+        n - lower - higher,
+        b / n as f64,
+        v / n as f64
+    )
 }
 
 /// The iteration wall times (us) of each workload in a `time_iterations.py` output.
