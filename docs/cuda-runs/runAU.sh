@@ -3,7 +3,7 @@
 # budget of 60% of each trace's peak, reactive against predictive tiers (the default
 # actions, the built-in LSTM), with real device memory, pinned host buffers and
 # copies: `memcast replay T --device cuda --compare reactive,predictive --budget 0.6
-# --json`, every trace twice (the second round in reverse order).
+# --json`, every trace once, then again in reverse order until 420 s have passed.
 # Staged with scripts/stage-gpu.sh .gpu; this script copied into .gpu; run from the
 # repository root (the traces are the checkout's); figures in $OUT.
 set -u
