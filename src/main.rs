@@ -87,8 +87,75 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "error: {e:#}");
+            let _ = writeln!(std::io::stderr(), "error: {}", error_message(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes joined by ": ", each cause left out where the message so
+/// far already holds its text. The libraries' errors print their cause in their own
+/// message and also return it as their `source()`, so the whole chain (`{:#}`) would
+/// say it two or three times ("setup: device allocator: no CUDA driver found: device
+/// allocator: no CUDA driver found: no CUDA driver found").
+fn error_message(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || msg.contains(&text) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&text);
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_message;
+    use std::fmt;
+
+    /// A library-style error: its message holds its cause's, and `source()` returns it.
+    #[derive(Debug)]
+    struct Alloc(NoDriver);
+
+    #[derive(Debug)]
+    struct NoDriver;
+
+    impl fmt::Display for NoDriver {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("no CUDA driver found")
+        }
+    }
+    impl std::error::Error for NoDriver {}
+
+    impl fmt::Display for Alloc {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "device allocator: {}", self.0)
+        }
+    }
+    impl std::error::Error for Alloc {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_the_message_already_holds_is_said_once() {
+        let e = anyhow::Error::new(Alloc(NoDriver)).context("replay of T failed");
+        assert_eq!(format!("{e:#}").matches("no CUDA driver found").count(), 2);
+        assert_eq!(
+            error_message(&e),
+            "replay of T failed: device allocator: no CUDA driver found"
+        );
+        // A cause that adds text is kept.
+        let e = anyhow::Error::new(NoDriver).context("replay of T failed");
+        assert_eq!(
+            error_message(&e),
+            "replay of T failed: no CUDA driver found"
+        );
     }
 }
