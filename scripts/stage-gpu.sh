@@ -19,7 +19,7 @@ cp "$torch_tests" "$dir/torch-tests"
 cp target/release/memcast target/release/libmemcast_torch.so "$dir/"
 rm -rf "$dir/python" && cp -r allocator/torch/python "$dir/python"
 find "$dir/python" -name __pycache__ -prune -exec rm -rf {} +
-cp scripts/gpu-tests.sh scripts/user_path.sh scripts/torch_bench.py scripts/torch_bench_all.sh scripts/torch_record.py scripts/oversub_bench.py scripts/oversub_replay.py \
+cp scripts/gpu-tests.sh scripts/tier_replays_gpu.sh scripts/user_path.sh scripts/torch_bench.py scripts/torch_bench_all.sh scripts/torch_record.py scripts/oversub_bench.py scripts/oversub_replay.py \
     scripts/dist_bench.py scripts/dist_bench_all.sh "$dir/"
 cp training-data/traces/*.mctrace "$dir/traces/"
 # The CLI's shared libraries beyond glibc (plotters links fontconfig and freetype),
