@@ -77,7 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(path) => Some(read_figures(&path)?),
         None => None,
     };
-    let mut saved = String::new();
+    let mut now = Figures::new();
     let plan = Actions {
         plan: true,
         ..Actions::none()
@@ -167,10 +167,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let steady = after_first(&r);
             steady_sums[i] += steady;
             figures.push((r.stall_overhead, steady));
-            saved.push_str(&format!(
-                "{}\t{}\t{}\t{}\n",
-                e.workload, rows[i].0, r.stall_overhead, steady
-            ));
+            now.insert(
+                (e.workload.clone(), rows[i].0.to_string()),
+                (r.stall_overhead, steady),
+            );
             cells.push(if !r.completed {
                 "OOM".into()
             } else if flag("steady") {
@@ -247,10 +247,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     if let Some(path) = value("save") {
-        std::fs::write(&path, &saved).map_err(|e| format!("{path}: {e}"))?;
+        let text: String = now
+            .iter()
+            .map(|((w, col), (whole, later))| format!("{w}\t{col}\t{whole}\t{later}\n"))
+            .collect();
+        std::fs::write(&path, text).map_err(|e| format!("{path}: {e}"))?;
     }
     if let Some(base) = &base {
-        let now = parse_figures(&saved, "this run")?;
         for (name, _, _) in &rows {
             println!("against base, {name}: {}", against(base, &now, name));
         }
@@ -266,7 +269,7 @@ fn read_figures(path: &str) -> Result<Figures, Box<dyn std::error::Error>> {
     Ok(parse_figures(&text, path)?)
 }
 
-/// Parses what `save=PATH` writes; `origin` names the source in errors.
+/// Parses what `save=PATH` writes; `origin` (the file) names the source in errors.
 fn parse_figures(text: &str, origin: &str) -> Result<Figures, String> {
     let mut out = Figures::new();
     for (n, line) in text.lines().enumerate() {
