@@ -94,10 +94,13 @@ fn main() -> ExitCode {
 }
 
 /// The error and its causes joined by ": ", each cause left out where the message so
-/// far already holds its text. The libraries' errors print their cause in their own
-/// message and also return it as their `source()`, so the whole chain (`{:#}`) would
-/// say it two or three times ("setup: device allocator: no CUDA driver found: device
-/// allocator: no CUDA driver found: no CUDA driver found").
+/// far already holds its text. The libraries mix two conventions: memcast-trace's and
+/// memcast-predictor's errors print their cause in their message and do not return it
+/// as `source()`; some of memcast-alloc's do both (the tier manager's: the whole chain,
+/// `{:#}`, said "setup: device allocator: no CUDA driver found: device allocator: no
+/// CUDA driver found: no CUDA driver found"), and its out-of-memory error returns the
+/// backend's cause only as `source()`. Joining here prints every cause once under
+/// either, and drops none.
 fn error_message(e: &anyhow::Error) -> String {
     let mut msg = String::new();
     for cause in e.chain() {
