@@ -394,6 +394,17 @@ pub const KEYS: [&str; 30] = [
     "forecast_thread",
 ];
 
+/// `path: error`, where `error` does not already begin with `path` (file errors name
+/// their file): a path said once.
+pub(crate) fn named(path: &str, e: &impl std::fmt::Display) -> String {
+    let e = e.to_string();
+    if e.starts_with(path) {
+        e
+    } else {
+        format!("{path}: {e}")
+    }
+}
+
 /// Parses `12345`, `2M`, `2MiB`, `1.5G`, `64K`, `1e9` into bytes (units are powers of
 /// 1024). A count of bytes must be whole: `1.5` alone is refused (`1.5K` is 1536); sizes
 /// of 2^64 bytes or more are refused rather than saturated.
@@ -420,6 +431,15 @@ pub fn parse_bytes(s: &str) -> Result<u64, AllocError> {
             )))
         }
     };
+    let too_large = || {
+        AllocError::Config(format!(
+            "{s:?} is 2^64 bytes or more, beyond any size memcast can count"
+        ))
+    };
+    // A whole number is counted exactly (through f64, 2^64 - 1 would round to 2^64).
+    if let Ok(n) = num.trim().parse::<u64>() {
+        return n.checked_mul(mult).ok_or_else(too_large);
+    }
     let v: f64 = num
         .trim()
         .parse()
@@ -431,9 +451,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, AllocError> {
     }
     let bytes = v * mult as f64;
     if bytes >= 18_446_744_073_709_551_616.0 {
-        return Err(AllocError::Config(format!(
-            "{s:?} is 2^64 bytes or more, beyond any size memcast can count"
-        )));
+        return Err(too_large());
     }
     if mult == 1 && v.fract() != 0.0 {
         return Err(AllocError::Config(format!(

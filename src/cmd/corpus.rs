@@ -62,14 +62,11 @@ pub fn run(args: CorpusArgs) -> Result<()> {
         .split
         .parse()
         .map_err(|e: String| anyhow::anyhow!("--split: {e}"))?;
-    let budget = match args.budget.parse::<Budget>() {
-        Ok(Budget::Fraction(f)) => f,
-        Ok(Budget::Bytes(_)) => anyhow::bail!(
-            "--budget {}: the corpus holds traces of different sizes, so it takes a share of each trace's peak (60% or 0.6), not bytes",
-            args.budget
-        ),
-        Err(e) => anyhow::bail!("--budget: {e}"),
-    };
+    let budget = memcast_alloc::tier::budget::parse_share(
+        &args.budget,
+        "the corpus holds traces of different sizes",
+    )
+    .map_err(|e| anyhow::anyhow!("--budget: {e}"))?;
     let static_order: StaticOrder = choice(
         "--static-order",
         &args.static_order,

@@ -42,14 +42,11 @@ pub struct DemoArgs {
 }
 
 pub fn run(args: DemoArgs) -> Result<()> {
-    let budget = match args.budget.parse::<Budget>() {
-        Ok(Budget::Fraction(f)) => f,
-        Ok(Budget::Bytes(_)) => anyhow::bail!(
-            "--budget {}: the demo replays traces of different sizes, so it takes a share of each trace's peak (60% or 0.6), not bytes",
-            args.budget
-        ),
-        Err(e) => anyhow::bail!("--budget: {e}"),
-    };
+    let budget = memcast_alloc::tier::budget::parse_share(
+        &args.budget,
+        "the demo replays traces of different sizes",
+    )
+    .map_err(|e| anyhow::anyhow!("--budget: {e}"))?;
     // memcast's allocator settings from the environment apply here as in `replay`.
     let env_conf = std::env::var("MEMCAST_ALLOC_CONF").ok();
     let with_env = |base: AllocConfig| -> Result<AllocConfig> {

@@ -166,7 +166,7 @@ pub struct ReplayImportArgs {
     #[arg(long, default_value_t = memcast_trace::snapshot::DEFAULT_MARKER_BYTES)]
     pub marker_bytes: u64,
     /// Do not treat marker allocations as iteration boundaries (replay them).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "marker_bytes")]
     pub no_markers: bool,
     /// Which CUDA device's events to read from a snapshot.
     #[arg(long, default_value_t = 0)]
@@ -247,6 +247,12 @@ fn policies(args: &ReplayArgs) -> Vec<PolicyArg> {
 /// Checks that every option given applies to what is replayed.
 fn check_options(args: &ReplayArgs) -> Result<()> {
     let ps = policies(args);
+    // One JSON key per policy: a policy named twice would be replayed twice and
+    // printed under one key.
+    let twice = (ps.iter().enumerate()).find_map(|(i, p)| ps[..i].contains(p).then_some(p));
+    if let Some(p) = twice {
+        bail!("--compare names {} twice", p.name());
+    }
     let predictive = ps.contains(&PolicyArg::Predictive);
     if args.forecaster.is_some() && !predictive {
         bail!("--forecaster applies to --policy predictive only");
@@ -412,7 +418,15 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     let busy = super::progress::Busy::new(format!("loading {}", args.trace.display()));
     let trace = args.import.load(&args.trace)?;
     drop(busy);
-    let config = alloc_config(&args, AllocConfig::default())?;
+    // PyTorch's emulation and the naive policy take no settings (check_options warned
+    // if the environment holds some).
+    let uses_memcast =
+        (policies(&args).iter()).any(|p| !matches!(p, PolicyArg::Pytorch | PolicyArg::Naive));
+    let config = if uses_memcast {
+        alloc_config(&args, AllocConfig::default())?
+    } else {
+        AllocConfig::default()
+    };
     let costs = cost_model(&args)?;
     let mut reports = Vec::new();
     for p in policies(&args) {

@@ -30,9 +30,10 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         .map_err(|e: String| anyhow::anyhow!(e))
         .context("--budget")?;
     let trace = args.import.load(&args.trace)?;
-    let allocates =
-        (trace.events.iter()).any(|e| matches!(e.kind, memcast_trace::EventKind::Alloc { .. }));
-    if trace.static_blocks.is_empty() && !allocates {
+    // Zero-byte tensors hold no memory (the tiered replay places none of them).
+    let allocates = (trace.events.iter())
+        .any(|e| matches!(e.kind, memcast_trace::EventKind::Alloc { bytes, .. } if bytes > 0));
+    if !allocates && trace.static_blocks.iter().all(|b| b.bytes == 0) {
         bail!(
             "{}: the trace allocates nothing, so there is nothing to replay under a budget",
             args.trace.display()
@@ -201,14 +202,18 @@ fn print_table(r: &TierReport) {
         r.prefetches,
         r.wasted_prefetches
     );
-    out!(
-        "prefetch hit rate  {:.3} ({} hits, {} misses: {} faults, {} late)",
-        r.prefetch_hit_rate,
-        r.prefetch_hits,
-        r.prefetch_misses,
-        r.faults,
-        r.late_prefetches
-    );
+    if r.prefetch_hits + r.prefetch_misses == 0 {
+        out!("prefetch hit rate  - (no spilled tensor was read back: 0 hits, 0 misses)");
+    } else {
+        out!(
+            "prefetch hit rate  {:.3} ({} hits, {} misses: {} faults, {} late)",
+            r.prefetch_hit_rate,
+            r.prefetch_hits,
+            r.prefetch_misses,
+            r.faults,
+            r.late_prefetches
+        );
+    }
     out!(
         "peak reserved      {} (host {}, pinned pool {})",
         human_bytes(r.peak_reserved_bytes),

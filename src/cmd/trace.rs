@@ -83,7 +83,7 @@ pub struct ImportArgs {
     #[arg(long, default_value_t = DEFAULT_MARKER_BYTES)]
     pub marker_bytes: u64,
     /// Do not treat marker allocations as iteration boundaries.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "marker_bytes")]
     pub no_markers: bool,
     /// Which CUDA device's events to read from a snapshot (its index in
     /// `device_traces`).
@@ -103,7 +103,21 @@ impl ImportArgs {
     pub fn load(&self, path: &Path) -> Result<Trace> {
         // The error names the file (and where in it) already.
         let t = load_trace_with(path, &self.options())?;
-        if t.meta.source == "pytorch-snapshot" && !self.no_markers && t.boundaries() == 0 {
+        let set =
+            self.no_markers || self.marker_bytes != DEFAULT_MARKER_BYTES || self.cuda_device != 0;
+        // Only where one was given: the file is read twice.
+        if set {
+            let data = memcast_trace::io::read_maybe_xz(path)?;
+            if memcast_trace::io::detect(&data) != Some(memcast_trace::io::Format::PytorchSnapshot)
+            {
+                eprintln!(
+                    "warning: {}: not a PyTorch snapshot, so --marker-bytes, --no-markers and --cuda-device (which read snapshots) are ignored",
+                    path.display()
+                );
+            }
+        }
+        let snapshot = t.meta.source == "pytorch-snapshot";
+        if snapshot && !self.no_markers && t.boundaries() == 0 {
             eprintln!(
                 "warning: {}: no iteration marker (an alloc of exactly {} B freed at once) in the snapshot, so it has no iteration boundaries; --marker-bytes sets the size, --no-markers reads it without",
                 path.display(),

@@ -76,8 +76,12 @@ pub(crate) fn for_config(
     let Some(path) = cfg.placement_profile.as_deref() else {
         return Ok(Some(Box::default()));
     };
-    let trace = memcast_trace::io::load_trace(std::path::Path::new(path))
-        .map_err(|e| AllocError::Config(format!("placement_profile {path}: {e}")))?;
+    let trace = memcast_trace::io::load_trace(std::path::Path::new(path)).map_err(|e| {
+        AllocError::Config(format!(
+            "placement_profile {}",
+            crate::config::named(path, &e)
+        ))
+    })?;
     Ok(Some(Box::new(Placement::for_trace(
         &trace,
         small_max,

@@ -53,7 +53,10 @@ pub fn forecaster_for(cfg: &AllocConfig) -> Result<Box<dyn Forecaster>, AllocErr
                     AllocError::Config(format!("predictive mode: the default model: {e}"))
                 })?,
                 Some(path) => artifact::load_model(std::path::Path::new(path)).map_err(|e| {
-                    AllocError::Config(format!("predictive mode: model {path}: {e}"))
+                    AllocError::Config(format!(
+                        "predictive mode: model {}",
+                        crate::config::named(path, &e)
+                    ))
                 })?,
             };
             let trained = model.weights().config.model.horizon;

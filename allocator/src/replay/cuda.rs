@@ -22,8 +22,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, Repla
     let stats = b.call_stats();
     let mut r = match opts.policy {
         Policy::Memcast => {
-            let a = Allocator::new(b, opts.config.clone())
-                .map_err(|source| ReplayError::Alloc { index: 0, source })?;
+            let a = Allocator::new(b, super::memcast_config(opts)).map_err(ReplayError::Setup)?;
             run(trace, a, opts)?
         }
         Policy::Predictive => run(trace, super::predictive_allocator(trace, b, opts)?, opts)?,

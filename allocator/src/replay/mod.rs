@@ -283,6 +283,10 @@ pub enum ReplayError {
     },
     #[error("event {index}: {what}")]
     Trace { index: u64, what: String },
+    /// The allocator could not be made (its settings: a missing model, a profile that
+    /// does not load, ...), before any event.
+    #[error("setup")]
+    Setup(#[source] AllocError),
     /// The device could not be opened (`--device cuda` without a driver, ...).
     #[error(transparent)]
     Device(crate::backend::BackendError),
@@ -418,13 +422,12 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, Repla
         (_, Device::Cuda) => cuda::replay(trace, opts)?,
         (Policy::Memcast, Device::Sim) => {
             let b = SimBackend::new(opts.sim_capacity, opts.costs.clone());
-            let a = Allocator::new(b, opts.config.clone())
-                .map_err(|source| ReplayError::Alloc { index: 0, source })?;
+            let a = Allocator::new(b, memcast_config(opts)).map_err(ReplayError::Setup)?;
             run(trace, a, opts)?
         }
         (Policy::Memcast, Device::Host) => {
-            let a = Allocator::new(HostBackend::new(opts.host_capacity), opts.config.clone())
-                .map_err(|source| ReplayError::Alloc { index: 0, source })?;
+            let a = Allocator::new(HostBackend::new(opts.host_capacity), memcast_config(opts))
+                .map_err(ReplayError::Setup)?;
             run(trace, a, opts)?
         }
         (Policy::Predictive, Device::Sim) => {
@@ -458,6 +461,16 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayReport, Repla
     Ok(r)
 }
 
+/// The settings of `Policy::Memcast`'s allocator: `opts.config`, which may switch
+/// predictive mode on (`predictive:true`); then, as under `Policy::Predictive`, its
+/// forecasts are made inline and in step unless the replay runs in real time, so that
+/// a replay's figures do not depend on how fast a forecast thread ran.
+pub(crate) fn memcast_config(opts: &ReplayOptions) -> AllocConfig {
+    let mut cfg = opts.config.clone();
+    cfg.forecast_thread &= opts.real_time;
+    cfg
+}
+
 /// The allocator of a predictive replay: `opts.config` in predictive mode over
 /// `opts.forecaster`; inline and in step (deterministic figures: every forecast is
 /// read as soon as its step closes) unless the replay runs in real time
@@ -467,7 +480,7 @@ pub fn predictive_allocator<B: DeviceBackend>(
     backend: B,
     opts: &ReplayOptions,
 ) -> Result<Allocator<B>, ReplayError> {
-    let fail = |source| ReplayError::Alloc { index: 0, source };
+    let fail = ReplayError::Setup;
     let mut cfg = opts.config.clone();
     cfg.predictive = true;
     cfg.forecast_thread &= opts.real_time;
@@ -486,9 +499,10 @@ pub fn predictive_allocator<B: DeviceBackend>(
 
 /// The event codes a replay's allocator records, in order: the static blocks'
 /// allocations, then the trace's allocations, frees and boundaries (what the oracle
-/// reads as the true future).
+/// reads as the true future). Zero-byte tensors are left out: the replay never hands
+/// them to the allocator.
 pub fn allocator_events(trace: &Trace) -> Vec<memcast_predictor::forecaster::Code> {
-    trace_codes(trace, false)
+    trace_codes(trace, true)
 }
 
 /// The trace's allocations (static blocks first), frees and boundaries as event codes;

@@ -22,6 +22,15 @@ pub fn run<T: ReplayTarget>(
 /// (not counted in `events`; its device calls are in the device counters).
 pub fn run_warm<T: ReplayTarget>(
     trace: &Trace,
+    t: T,
+    opts: &ReplayOptions,
+    warmup: Option<&warmup::WarmupPlan>,
+) -> Result<ReplayReport, ReplayError> {
+    run_inner(trace, SkipEmpty(t), opts, warmup)
+}
+
+fn run_inner<T: ReplayTarget>(
+    trace: &Trace,
     mut t: T,
     opts: &ReplayOptions,
     warmup: Option<&warmup::WarmupPlan>,
@@ -263,5 +272,68 @@ fn wait_until(clock: Instant, us: u64) {
         } else {
             std::hint::spin_loop();
         }
+    }
+}
+
+/// A zero-byte tensor holds no memory, as in PyTorch (its caching allocator returns no
+/// block for one) and in the tiered replay: the target never sees it, and its free
+/// is a no-op; it still counts as an event, an allocation and a free.
+struct SkipEmpty<T>(T);
+
+impl<T: ReplayTarget> ReplayTarget for SkipEmpty<T> {
+    type Handle = Option<T::Handle>;
+    fn alloc(&mut self, bytes: u64, stream: u32) -> Result<Self::Handle, AllocError> {
+        if bytes == 0 {
+            return Ok(None);
+        }
+        self.0.alloc(bytes, stream).map(Some)
+    }
+    fn free(&mut self, h: Self::Handle, stream: u32) -> Result<(), AllocError> {
+        match h {
+            Some(h) => self.0.free(h, stream),
+            None => Ok(()),
+        }
+    }
+    fn create_stream(&mut self) -> Result<u32, AllocError> {
+        self.0.create_stream()
+    }
+    fn reserved(&self) -> u64 {
+        self.0.reserved()
+    }
+    fn peak_reserved(&self) -> u64 {
+        self.0.peak_reserved()
+    }
+    fn device_allocs(&self) -> u64 {
+        self.0.device_allocs()
+    }
+    fn device_frees(&self) -> u64 {
+        self.0.device_frees()
+    }
+    fn free_and_largest(&self) -> (u64, u64) {
+        self.0.free_and_largest()
+    }
+    fn device_time_us(&self) -> f64 {
+        self.0.device_time_us()
+    }
+    fn advance_us(&mut self, us: f64) {
+        self.0.advance_us(us)
+    }
+    fn check(&self) -> Result<(), AllocError> {
+        self.0.check()
+    }
+    fn extra(&self) -> serde_json::Value {
+        self.0.extra()
+    }
+    fn iteration_boundary(&mut self) {
+        self.0.iteration_boundary()
+    }
+    fn ahead(&self) -> (u64, f64) {
+        self.0.ahead()
+    }
+    fn forecaster(&self) -> &'static str {
+        self.0.forecaster()
+    }
+    fn pages_moved(&self) -> u64 {
+        self.0.pages_moved()
     }
 }

@@ -40,7 +40,31 @@ impl std::str::FromStr for Budget {
         if b == 0 {
             return Err(bad("zero bytes".into()));
         }
+        if b > MAX_BUDGET_BYTES {
+            return Err(bad(format!(
+                "{b} bytes is beyond the largest budget memcast models, 2^62 bytes (4 EiB)"
+            )));
+        }
         Ok(Budget::Bytes(b))
+    }
+}
+
+/// The largest budget in bytes: a device of more would need an address range beyond
+/// the 2^64 bytes a segment's offsets count (a growable segment reserves twice the
+/// device's capacity, rounded up to a power of two).
+pub const MAX_BUDGET_BYTES: u64 = 1 << 62;
+
+/// `--budget` where only a share of each trace's peak is meaningful (commands that
+/// replay several traces of different sizes, `why` says which): the share, or an
+/// error that says what to write.
+pub fn parse_share(s: &str, why: &str) -> Result<f64, String> {
+    let share = "a share of each trace's peak, above 0 and at most 100% (60%, or 0.6)";
+    match s.parse::<Budget>() {
+        Ok(Budget::Fraction(f)) => Ok(f),
+        Ok(Budget::Bytes(_)) => Err(format!(
+            "budget {s:?}: {why}, so it takes {share}, not bytes"
+        )),
+        Err(_) => Err(format!("budget {s:?}: not {share}")),
     }
 }
 

@@ -130,6 +130,9 @@ pub enum TierReplayError {
     Stats(#[from] memcast_trace::TraceError),
     #[error("setup: {0}")]
     Setup(#[source] TierError),
+    /// A budget no device of the replay can hold, or in which nothing fits.
+    #[error("budget: {0}")]
+    Budget(String),
 }
 
 /// Replays `trace` under `opts.budget`. See the module docs.
@@ -147,6 +150,7 @@ pub fn replay_budgeted(
     };
     let peak = memcast_trace::stats::TraceStats::compute(trace)?.peak_requested_bytes;
     let budget = opts.budget.bytes(peak);
+    check_budget(budget, &opts.alloc)?;
     let mut cfg = opts.tier.clone();
     cfg.budget = budget;
     if let Some(plan) = &opts.plan {
@@ -187,6 +191,27 @@ pub fn replay_budgeted(
             run(trace, Limit::new(b, budget), cfg, &alloc_cfg, opts, peak)
         }
     }
+}
+
+/// A budget of `budget` bytes is one a device can hold (at most
+/// [`super::budget::MAX_BUDGET_BYTES`]) and one in which anything fits: every device
+/// allocation is a whole segment granule, so a budget below one holds none.
+fn check_budget(budget: u64, alloc: &AllocConfig) -> Result<(), TierReplayError> {
+    use memcast_trace::stats::human_bytes;
+    if budget > super::budget::MAX_BUDGET_BYTES {
+        return Err(TierReplayError::Budget(format!(
+            "{budget} bytes is beyond the largest budget memcast models, 2^62 bytes (4 EiB)"
+        )));
+    }
+    if budget < alloc.segment_granule {
+        return Err(TierReplayError::Budget(format!(
+            "{} is less than one segment of the allocator ({}, `segment_granule`): every \
+             device allocation is at least that, so nothing fits",
+            human_bytes(budget),
+            human_bytes(alloc.segment_granule)
+        )));
+    }
+    Ok(())
 }
 
 /// The arena a budget of `budget` bytes gets: the budget rounded down to the segment
@@ -471,6 +496,11 @@ fn run<B: DeviceBackend>(
                 .map_err(|e| bad(op.event, e.to_string()))?;
         }
     }
+    if stall0.is_none() {
+        // No trace event was reached (the setup failed, or there are none): all of it
+        // was setup, none of it stall.
+        setup_us = m.backend().stall_us();
+    }
     if error.is_none() {
         let end = trace.events.len() as u64;
         let r = super::directives::run_due(
@@ -495,7 +525,7 @@ fn run<B: DeviceBackend>(
         m.check_invariants().map_err(|e| bad(None, e.to_string()))?;
     }
     // Recomputes ran on the compute stream: the caller waited for them.
-    let stall_us = m.backend().stall_us() + m.stats().recompute_us - stall0.unwrap_or(setup_us);
+    let stall_us = m.backend().stall_us() + m.stats().recompute_us - setup_us;
     let s = m.stats().clone();
     let ahead_spills = m.demand().map_or(0, |d| d.ahead_spills);
     let plan_stats = m.planner().map(|p| p.stats.clone()).unwrap_or_default();

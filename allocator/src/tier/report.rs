@@ -101,6 +101,8 @@ pub struct TierReport {
     pub prefetched_bytes: u64,
     pub prefetch_hits: u64,
     pub prefetch_misses: u64,
+    /// `prefetch_hits / (prefetch_hits + prefetch_misses)`; 1 when no spilled tensor
+    /// was read back (nothing could miss).
     pub prefetch_hit_rate: f64,
     pub faults: u64,
     pub late_prefetches: u64,
