@@ -479,12 +479,15 @@ fn print_table(r: &ReplayReport) {
             String::new()
         }
     );
+    // `memcast trace stats` counts the trace's events; a replay also makes its static
+    // blocks, so both counts are given.
     out!(
-        "events            {} ({} allocs, {} frees, {} static blocks)",
+        "events            {} ({} of the trace and {} static blocks; {} allocs, {} frees)",
         r.events,
+        r.events.saturating_sub(r.static_blocks),
+        r.static_blocks,
         r.allocs,
-        r.frees,
-        r.static_blocks
+        r.frees
     );
     out!("peak requested    {}", human_bytes(r.peak_requested_bytes));
     out!("peak reserved     {}", human_bytes(r.peak_reserved_bytes));
