@@ -19,7 +19,7 @@ pub fn print_calls(r: &ReplayReport) {
         "sim total ms",
         "sim p50 us"
     );
-    for k in ["alloc", "free", "map", "unmap", "sync"] {
+    for k in ["alloc", "free", "map", "unmap", "sync", "copy"] {
         let Some(s) = c.get(k) else { continue };
         let f = |name: &str| s.get(name).and_then(|v| v.as_f64());
         let calls = s.get("calls").and_then(|v| v.as_u64()).unwrap_or(0);

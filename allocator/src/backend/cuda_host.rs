@@ -54,11 +54,18 @@ impl CudaBackend {
             unsafe { std::ptr::copy(h.0 as *const u8, d.0 as *mut u8, n) };
             return Ok(());
         }
+        // A copy to or from pageable memory blocks the host in the call (the driver
+        // stages it through pinned memory; one to pageable memory returns only once it
+        // has completed): host time the stall counts, as the sim charges it.
+        let pageable = match (dst, src) {
+            (MemRef::Host(h), _) | (_, MemRef::Host(h)) => !self.host_range(h.0, bytes)?,
+            _ => false,
+        };
         // SAFETY: library loaded, context current (callers bind); device ranges lie in
         // live segments and host ranges in live host buffers (checked by the callers);
         // the caller keeps both alive until the copy completes (trait contract), and
         // synchronous copies are waited for below.
-        let r = unsafe {
+        let call = || unsafe {
             match (dst, src) {
                 (MemRef::Device(d), MemRef::Host(h)) => {
                     sys::cuMemcpyHtoDAsync_v2(d.0, h.0 as *const c_void, n, s)
@@ -69,6 +76,11 @@ impl CudaBackend {
                 (MemRef::Device(d), MemRef::Device(e)) => sys::cuMemcpyDtoDAsync_v2(d.0, e.0, n, s),
                 (MemRef::Host(_), MemRef::Host(_)) => unreachable!("handled above"),
             }
+        };
+        let r = if pageable {
+            self.timed(CallKind::Copy, bytes, 0, |_| call())
+        } else {
+            call()
         };
         check("cuMemcpyAsync", r)?;
         if stream.is_none() {

@@ -33,6 +33,8 @@ pub enum CallKind {
     HostFree,
     /// `cuCtxSynchronize`, `cuStreamSynchronize`, `cuEventSynchronize`.
     Sync,
+    /// A copy to or from pageable host memory (`cuMemcpy*Async`), which blocks the host.
+    Copy,
 }
 
 /// Samples of one call kind: (bytes, pages, wall microseconds).
@@ -69,12 +71,14 @@ pub struct CudaCallReport {
     pub host_alloc: CallSummary,
     pub host_free: CallSummary,
     pub sync: CallSummary,
+    /// Copies to or from pageable host memory (the host blocks in them).
+    pub copy: CallSummary,
 }
 
 /// The counters, shared between a [`super::cuda::CudaBackend`] and whoever reads them
 /// (the replay keeps a handle while the backend is owned by an allocator).
 #[derive(Debug, Clone, Default)]
-pub struct CallStats(Arc<Mutex<[Samples; 7]>>);
+pub struct CallStats(Arc<Mutex<[Samples; 8]>>);
 
 /// Samples kept per kind; beyond it, new samples replace old ones round-robin (the
 /// quantiles stay representative, the totals stay exact in `CallSummary` only up to it).
@@ -119,6 +123,8 @@ impl CallStats {
                 CallKind::HostAlloc => Some(CostModel::interp(&c.host_alloc_pinned, bytes as f64)),
                 CallKind::HostFree => Some(CostModel::interp(&c.host_free_pinned, bytes as f64)),
                 CallKind::Sync => None,
+                // The sim charges copies on its link model, not per call.
+                CallKind::Copy => None,
             }
         };
         let summary = |kind: CallKind| -> CallSummary {
@@ -160,6 +166,7 @@ impl CallStats {
             host_alloc: summary(CallKind::HostAlloc),
             host_free: summary(CallKind::HostFree),
             sync: summary(CallKind::Sync),
+            copy: summary(CallKind::Copy),
         }
     }
 }

@@ -423,7 +423,27 @@ impl DeviceBackend for SimBackend {
     ) -> Result<(), BackendError> {
         let (kind, link) = self.kind_of(dst, src)?;
         let dur = self.cost.copy_us(kind, bytes);
+        // The driver's "asynchronous" copies to or from pageable host memory block the
+        // host: one to pageable memory returns only once the copy has completed, one
+        // from it once the buffer is staged (modelled: completed), each after the work
+        // queued before it on its stream.
+        let pageable = matches!(
+            kind,
+            CopyKind::HostToDevicePageable | CopyKind::DeviceToHostPageable
+        );
         match stream {
+            Some(s) if pageable => {
+                let i = self.stream(s)?;
+                let start = self.streams[i]
+                    .0
+                    .max(self.now)
+                    .max(self.links.get(&link).copied().unwrap_or(0.0));
+                let end = start + self.duplex(link, bytes, dur, start);
+                self.links.insert(link, end);
+                self.streams[i].0 = end;
+                self.stall += end - self.now;
+                self.now = end;
+            }
             None => {
                 // Synchronous: waits for the link, then blocks the host for the copy.
                 let start = self.links.get(&link).copied().unwrap_or(0.0).max(self.now);
@@ -582,6 +602,39 @@ mod tests {
             b.now_us() - t0,
             one
         );
+    }
+
+    /// As the driver does: an "asynchronous" copy to or from pageable memory blocks the
+    /// host until it is done (after the work queued before it on its stream), where one
+    /// to or from pinned memory returns at once.
+    #[test]
+    fn async_copies_block_the_host_only_with_pageable_memory() {
+        let mut b = SimBackend::h200();
+        let s = b.create_stream(StreamPriority::Low).unwrap();
+        let d = b.allocate(64 << 20, 0).unwrap();
+        let pinned = b.allocate_host(64 << 20, true).unwrap();
+        let pageable = b.allocate_host(64 << 20, false).unwrap();
+        let (t0, st0) = (b.now_us(), b.stall_us());
+        b.copy(MemRef::Host(pinned), MemRef::Device(d), 64 << 20, Some(s))
+            .unwrap();
+        assert_eq!((b.now_us(), b.stall_us()), (t0, st0), "pinned: no wait");
+        // Queued behind the pinned copy on the same stream, then waited for.
+        b.copy(MemRef::Host(pageable), MemRef::Device(d), 64 << 20, Some(s))
+            .unwrap();
+        let c = b.cost_model().clone();
+        let both = c.copy_us(CopyKind::DeviceToHostPinned, 64 << 20)
+            + c.copy_us(CopyKind::DeviceToHostPageable, 64 << 20);
+        assert!((b.now_us() - t0 - both).abs() < 1e-6, "{}", b.now_us() - t0);
+        assert!((b.stall_us() - st0 - both).abs() < 1e-6);
+        // Nothing left on the stream: its synchronization costs nothing more.
+        let t1 = b.now_us();
+        b.synchronize_stream(s).unwrap();
+        assert_eq!(b.now_us(), t1);
+        // Host to device from pageable memory blocks too.
+        b.copy(MemRef::Device(d), MemRef::Host(pageable), 64 << 20, Some(s))
+            .unwrap();
+        let h2d = c.copy_us(CopyKind::HostToDevicePageable, 64 << 20);
+        assert!((b.now_us() - t1 - h2d).abs() < 1e-6);
     }
 
     #[test]
