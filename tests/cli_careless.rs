@@ -43,6 +43,19 @@ fn budgets_at_the_edges_are_refused_by_name_or_replayed() {
         &[],
         &["1.50 MiB", "less than one segment", "segment_granule"],
     );
+    // A smaller `segment_granule` does not go below the device's page (2 MiB).
+    fails_with(
+        &[
+            "replay",
+            &t,
+            "--budget",
+            "1.5M",
+            "--conf",
+            "segment_granule:1M",
+        ],
+        &[],
+        &["less than one segment", "2.00 MiB"],
+    );
     // Commands that take shares only do not suggest bytes for a share above 100%.
     let e = fails_with(&["demo", "--no-plots", "--budget", "150%"], &[], &["150%"]);
     assert!(!e.contains("written in bytes"), "{e}");

@@ -254,7 +254,9 @@ pub trait DeviceBackend: Send {
 
     // ----- data movement -----
     /// Copies `bytes` from `src` to `dst`. With `stream: None` the copy is synchronous
-    /// (complete on return); with a stream it is queued on it.
+    /// (complete on return); with a stream it is queued on it, except that a copy to or
+    /// from pageable host memory blocks the host until it is done, after the work queued
+    /// before it on the stream (the CUDA driver's rule; the sim models the same).
     fn copy(
         &mut self,
         dst: MemRef,

@@ -13,6 +13,8 @@
 //!   copy starts at `max(now, ready[stream], link free)` and occupies its link for
 //!   `latency + bytes / bandwidth`; H2D and D2H are separate links (so both directions
 //!   overlap: the measured 102 GB/s duplex is ~2 x 51), D2D and H2H have their own.
+//!   One to or from pageable host memory also blocks the host until it ends (counted
+//!   as stall), as the driver's "asynchronous" copies with pageable memory do.
 //! - an event completes at the `ready` time of its stream when recorded.
 //! - growable segments: mapping costs `map_page_us` per page of the granularity (2 MiB)
 //!   and unmapping `unmap_page_us` per page, the figures measured on the H200 with the

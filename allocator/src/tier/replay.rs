@@ -150,7 +150,11 @@ pub fn replay_budgeted(
     };
     let peak = memcast_trace::stats::TraceStats::compute(trace)?.peak_requested_bytes;
     let budget = opts.budget.bytes(peak);
-    check_budget(budget, &opts.alloc)?;
+    if budget > super::budget::MAX_BUDGET_BYTES {
+        return Err(TierReplayError::Budget(format!(
+            "{budget} bytes is beyond the largest budget memcast models, 2^62 bytes (4 EiB)"
+        )));
+    }
     let mut cfg = opts.tier.clone();
     cfg.budget = budget;
     if let Some(plan) = &opts.plan {
@@ -193,22 +197,18 @@ pub fn replay_budgeted(
     }
 }
 
-/// A budget of `budget` bytes is one a device can hold (at most
-/// [`super::budget::MAX_BUDGET_BYTES`]) and one in which anything fits: every device
-/// allocation is a whole segment granule, so a budget below one holds none.
-fn check_budget(budget: u64, alloc: &AllocConfig) -> Result<(), TierReplayError> {
+/// A budget in which anything fits: every device allocation is at least one granule
+/// of the allocator (`segment_granule`, or the backend's page where that is larger),
+/// so a budget below one holds none.
+fn check_budget(budget: u64, granule: u64) -> Result<(), TierReplayError> {
     use memcast_trace::stats::human_bytes;
-    if budget > super::budget::MAX_BUDGET_BYTES {
+    if budget < granule {
         return Err(TierReplayError::Budget(format!(
-            "{budget} bytes is beyond the largest budget memcast models, 2^62 bytes (4 EiB)"
-        )));
-    }
-    if budget < alloc.segment_granule {
-        return Err(TierReplayError::Budget(format!(
-            "{} is less than one segment of the allocator ({}, `segment_granule`): every \
-             device allocation is at least that, so nothing fits",
+            "{} is less than one segment of the allocator ({}, `segment_granule` or the \
+             device's page, whichever is larger): every device allocation is at least \
+             that, so nothing fits",
             human_bytes(budget),
-            human_bytes(alloc.segment_granule)
+            human_bytes(granule)
         )));
     }
     Ok(())
@@ -235,6 +235,10 @@ fn run<B: DeviceBackend>(
     peak: u64,
 ) -> Result<TierReport, TierReplayError> {
     let wall = Instant::now();
+    check_budget(
+        cfg.budget,
+        alloc_cfg.segment_granule.max(backend.granularity()),
+    )?;
     let alloc =
         Allocator::new(backend, alloc_cfg.clone()).map_err(|e| TierReplayError::Setup(e.into()))?;
     let prefetch: Box<dyn PrefetchPolicy> = if opts.prefetch && opts.plan.is_none() {
