@@ -70,18 +70,27 @@ fn settings_that_cannot_apply_are_errors() {
         &["--no-prefetch", "--budget"],
     );
     // The environment's allocator settings cannot apply to the PyTorch emulation: the
-    // replay runs, and says so.
+    // replay runs, and says so; it does not read them, so a bad one is no error there.
+    for conf in ["min_block:512", "predictiv:true"] {
+        let m = measured(
+            &["replay", &t, "--policy", "pytorch"],
+            &[("MEMCAST_ALLOC_CONF", conf)],
+            false,
+        );
+        assert_eq!(m.code, Some(0), "{conf}: {}", m.stderr);
+        assert!(
+            m.stderr.contains("MEMCAST_ALLOC_CONF is ignored"),
+            "{}",
+            m.stderr
+        );
+    }
+    // Where memcast's allocator runs, the bad one is an error.
     let m = measured(
-        &["replay", &t, "--policy", "pytorch"],
-        &[("MEMCAST_ALLOC_CONF", "min_block:512")],
+        &["replay", &t, "--compare", "pytorch,memcast"],
+        &[("MEMCAST_ALLOC_CONF", "predictiv:true")],
         false,
     );
-    assert_eq!(m.code, Some(0), "{}", m.stderr);
-    assert!(
-        m.stderr.contains("MEMCAST_ALLOC_CONF is ignored"),
-        "{}",
-        m.stderr
-    );
+    m.clean_failure("a bad key", &["unknown key \"predictiv\""]);
     let g = |extra: &[&str]| {
         let d = scratch("gen-apply");
         let o = d.path().join("g.mctrace").display().to_string();

@@ -434,18 +434,6 @@ impl DeviceBackend for SimBackend {
             CopyKind::HostToDevicePageable | CopyKind::DeviceToHostPageable
         );
         match stream {
-            Some(s) if pageable => {
-                let i = self.stream(s)?;
-                let start = self.streams[i]
-                    .0
-                    .max(self.now)
-                    .max(self.links.get(&link).copied().unwrap_or(0.0));
-                let end = start + self.duplex(link, bytes, dur, start);
-                self.links.insert(link, end);
-                self.streams[i].0 = end;
-                self.stall += end - self.now;
-                self.now = end;
-            }
             None => {
                 // Synchronous: waits for the link, then blocks the host for the copy.
                 let start = self.links.get(&link).copied().unwrap_or(0.0).max(self.now);
@@ -463,6 +451,10 @@ impl DeviceBackend for SimBackend {
                 let end = start + self.duplex(link, bytes, dur, start);
                 self.links.insert(link, end);
                 self.streams[i].0 = end;
+                if pageable {
+                    self.stall += end - self.now;
+                    self.now = end;
+                }
             }
         }
         Ok(())
