@@ -159,26 +159,24 @@ fn snapshot_options_on_a_native_trace_are_said_to_be_ignored() {
 fn zero_byte_tensors_hold_no_memory_with_or_without_a_budget() {
     use memcast_trace::{Event, EventKind};
     let d = scratch("zero");
-    let ev = |time_us, kind| Event { time_us, kind };
+    let alloc = |time_us, id, bytes| Event {
+        time_us,
+        kind: EventKind::Alloc {
+            id,
+            bytes,
+            stream: 0,
+        },
+    };
+    let free = |time_us, id| Event {
+        time_us,
+        kind: EventKind::Free { id },
+    };
     let write = |name: &str, events| {
         let p = d.path().join(name);
         std::fs::write(&p, native_trace(events)).unwrap();
         p.display().to_string()
     };
-    let only = write(
-        "only.mctrace",
-        vec![
-            ev(
-                0,
-                EventKind::Alloc {
-                    id: 1,
-                    bytes: 0,
-                    stream: 0,
-                },
-            ),
-            ev(1, EventKind::Free { id: 1 }),
-        ],
-    );
+    let only = write("only.mctrace", vec![alloc(0, 1, 0), free(1, 1)]);
     // Under a budget: it allocates nothing, which is refused as such.
     fails_with(
         &["replay", &only, "--budget", "1G"],
@@ -188,26 +186,7 @@ fn zero_byte_tensors_hold_no_memory_with_or_without_a_budget() {
     // A zero-byte tensor beside others: every policy replays it, as the tiers do.
     let mixed = write(
         "mixed.mctrace",
-        vec![
-            ev(
-                0,
-                EventKind::Alloc {
-                    id: 1,
-                    bytes: 0,
-                    stream: 0,
-                },
-            ),
-            ev(
-                1,
-                EventKind::Alloc {
-                    id: 2,
-                    bytes: 1 << 20,
-                    stream: 0,
-                },
-            ),
-            ev(2, EventKind::Free { id: 1 }),
-            ev(3, EventKind::Free { id: 2 }),
-        ],
+        vec![alloc(0, 1, 0), alloc(1, 2, 1 << 20), free(2, 1), free(3, 2)],
     );
     let r = json(&[
         "replay",

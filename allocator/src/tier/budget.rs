@@ -40,11 +40,7 @@ impl std::str::FromStr for Budget {
         if b == 0 {
             return Err(bad("zero bytes".into()));
         }
-        if b > MAX_BUDGET_BYTES {
-            return Err(bad(format!(
-                "{b} bytes is beyond the largest budget memcast models, 2^62 bytes (4 EiB)"
-            )));
-        }
+        within_max(b).map_err(bad)?;
         Ok(Budget::Bytes(b))
     }
 }
@@ -53,6 +49,16 @@ impl std::str::FromStr for Budget {
 /// the 2^64 bytes a segment's offsets count (a growable segment reserves twice the
 /// device's capacity, rounded up to a power of two).
 pub const MAX_BUDGET_BYTES: u64 = 1 << 62;
+
+/// `Err` naming the bound where `bytes` is above [`MAX_BUDGET_BYTES`].
+pub(crate) fn within_max(bytes: u64) -> Result<(), String> {
+    if bytes > MAX_BUDGET_BYTES {
+        return Err(format!(
+            "{bytes} bytes is beyond the largest budget memcast models, 2^62 bytes (4 EiB)"
+        ));
+    }
+    Ok(())
+}
 
 /// `--budget` where only a share of each trace's peak is meaningful (commands that
 /// replay several traces of different sizes, `why` says which): the share, or an

@@ -150,11 +150,7 @@ pub fn replay_budgeted(
     };
     let peak = memcast_trace::stats::TraceStats::compute(trace)?.peak_requested_bytes;
     let budget = opts.budget.bytes(peak);
-    if budget > super::budget::MAX_BUDGET_BYTES {
-        return Err(TierReplayError::Budget(format!(
-            "{budget} bytes is beyond the largest budget memcast models, 2^62 bytes (4 EiB)"
-        )));
-    }
+    super::budget::within_max(budget).map_err(TierReplayError::Budget)?;
     let mut cfg = opts.tier.clone();
     cfg.budget = budget;
     if let Some(plan) = &opts.plan {
