@@ -3,12 +3,12 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [norelocate] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits] [low=X] [high=X] [costs=NAME] [save=PATH] [base=PATH]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [norelocate] [earlypageable] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits] [low=X] [high=X] [pinned=X] [costs=NAME] [save=PATH] [base=PATH]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
 //! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
 //! `TierConfig::plan_defer_wraps` off; `byaddr` / `noaddr`: `TierConfig::oom_by_address`
-//! on / off; `noguard`: `TierConfig::plan_guard` off; `norelocate`: `TierConfig::relocate` off; `growable`: the allocator on growable segments, with its default page
+//! on / off; `noguard`: `TierConfig::plan_guard` off; `norelocate`: `TierConfig::relocate` off; `earlypageable`: `TierConfig::early_spills_pinned` off (spills nothing waits for may go to pageable memory); `growable`: the allocator on growable segments, with its default page
 //! release, instead of fixed ones; `peak`: with `growable`, page release at the peak;
 //! `planned`: planned placement; `steady`: the stall over the compute of the iterations
 //! after the first, which no history describes and the oracle knows: the cells read
@@ -23,7 +23,9 @@
 //! floor is at most 0.02 (where the link can carry the traffic). Under the table:
 //! predictive with the LSTM at most half of reactive, and within 1.5x of the oracle's
 //! plan, naming the traces outside); `low=X`, `high=X`: `TierConfig::low_watermark`
-//! (also the plans' cap) and `high_watermark`; `costs=h100`: the link and device costs
+//! (also the plans' cap) and `high_watermark`; `pinned=X`: a pinned staging pool of
+//! X times each trace's peak of requested bytes instead of the whole peak
+//! (`TierConfig::staging_bytes`; what does not fit goes to pageable memory); `costs=h100`: the link and device costs
 //! measured on an H100 (`CostModel::h100`, for its recordings) instead of the H200's;
 //! `save=PATH`: every cell's unrounded figures written to PATH (tab-separated:
 //! workload, column, whole run, from the second iteration); `base=PATH`: such a file
@@ -60,6 +62,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .transpose()
     };
     let (low, high) = (fraction("low")?, fraction("high")?);
+    let pinned = fraction("pinned")?;
     let (occupancy, defer) = (flag("occupancy"), !flag("nodefer"));
     let costs = match value("costs") {
         Some(name) => {
@@ -120,6 +123,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             t = memcast_trace::timeline::scale_iterations(&t, spans)
                 .map_err(|err| format!("{}: {err}", e.workload))?;
         }
+        let peak = memcast_trace::stats::TraceStats::compute(&t)?.peak_requested_bytes;
         let mut cells = Vec::new();
         let mut floor = 0.0;
         let mut figures = Vec::new();
@@ -146,8 +150,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if flag("noguard") {
                 opts.tier.plan_guard = false;
             }
+            if let Some(x) = pinned {
+                // At least one 2 MiB page: 0 would mean the default (the trace's peak).
+                opts.tier.staging_bytes = ((x * peak as f64) as u64).max(2 << 20);
+            }
             if flag("norelocate") {
                 opts.tier.relocate = false;
+            }
+            if flag("earlypageable") {
+                opts.tier.early_spills_pinned = false;
             }
             if flag("growable") {
                 opts.alloc.growable_segments = true;

@@ -214,6 +214,13 @@ fn print_table(r: &TierReport) {
             r.late_prefetches
         );
     }
+    if r.pageable_copied_bytes > 0 {
+        out!(
+            "pageable copies    {} to or from pageable memory (no room in the pinned pool), {:.1} ms of the host's time inside them (in the stall: such a copy returns once done)",
+            human_bytes(r.pageable_copied_bytes),
+            r.pageable_copy_us / 1e3
+        );
+    }
     out!(
         "peak reserved      {} (host {}, pinned pool {})",
         human_bytes(r.peak_reserved_bytes),

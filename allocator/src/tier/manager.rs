@@ -407,7 +407,7 @@ impl<B: DeviceBackend> TierManager<B> {
         if e.step == self.step || e.reader.is_some() || !matches!(e.place, Place::Device { .. }) {
             return Ok(false);
         }
-        self.start_spill(h)
+        self.start_spill(h, false)
     }
 
     /// Starts bringing `h` back to the device (asynchronously) if there is room without
@@ -515,6 +515,21 @@ impl<B: DeviceBackend> TierManager<B> {
         Ok(())
     }
 
+    /// A range of the pinned staging pool for `bytes`, or `None` if it has no room.
+    fn pinned_alloc(&mut self, bytes: u64) -> Option<HostLoc> {
+        let loc = self.staging.alloc(bytes)?;
+        self.count_host(loc);
+        Some(loc)
+    }
+
+    fn count_host(&mut self, loc: HostLoc) {
+        let len = match loc {
+            HostLoc::Warm { len, .. } | HostLoc::Cold { len, .. } => len,
+        };
+        self.stats.host_bytes += len;
+        self.stats.peak_host_bytes = self.stats.peak_host_bytes.max(self.stats.host_bytes);
+    }
+
     /// A host buffer for `bytes`: the staging pool if it has room, else pageable.
     pub(crate) fn host_alloc(&mut self, bytes: u64) -> Result<HostLoc, TierError> {
         let loc = match self.staging.alloc(bytes) {
@@ -530,17 +545,48 @@ impl<B: DeviceBackend> TierManager<B> {
                 }
             }
         };
-        let len = match loc {
-            HostLoc::Warm { len, .. } | HostLoc::Cold { len, .. } => len,
-        };
-        self.stats.host_bytes += len;
-        self.stats.peak_host_bytes = self.stats.peak_host_bytes.max(self.stats.host_bytes);
+        self.count_host(loc);
         Ok(loc)
+    }
+
+    /// Queues a copy between the device and `host` on the pipeline's stream of `dir`.
+    /// A copy with pageable memory returns only once it is done (the driver stages it
+    /// through a pinned buffer of its own), so the host time inside the call is
+    /// counted: `pageable_copy_us` and the bytes. Cost: two clock reads for such a
+    /// copy, none for a pinned one.
+    fn issue_copy(
+        &mut self,
+        dir: Direction,
+        h: TensorHandle,
+        dst: MemRef,
+        src: MemRef,
+        bytes: u64,
+        host: HostLoc,
+    ) -> Result<super::transfer::TransferId, crate::backend::BackendError> {
+        if host.is_warm() {
+            return self
+                .pipe
+                .issue(self.alloc.backend_mut(), dir, h, dst, src, bytes);
+        }
+        let t0 = self.alloc.backend().now_us();
+        let r = self
+            .pipe
+            .issue(self.alloc.backend_mut(), dir, h, dst, src, bytes);
+        self.stats.pageable_copy_us += self.alloc.backend().now_us() - t0;
+        if r.is_ok() {
+            self.stats.pageable_copied_bytes += bytes;
+        }
+        r
     }
 
     /// Spills `h` (on the device, not pinned): host buffer, copy, state. On failure the
     /// tensor stays on the device and `Ok(false)` is returned (failure counted).
-    pub(crate) fn start_spill(&mut self, h: TensorHandle) -> Result<bool, TierError> {
+    ///
+    /// `early`: nothing waits for this spill (a watermark batch, a spill ahead of a
+    /// forecast, a planned move): with `TierConfig::early_spills_pinned` it goes only
+    /// to the pinned pool and is not issued when the pool has no room for it.
+    pub(crate) fn start_spill(&mut self, h: TensorHandle, early: bool) -> Result<bool, TierError> {
+        let pinned_only = early && self.cfg.early_spills_pinned;
         let e = self.reg.get(h)?;
         let (Place::Device { alloc }, bytes, unused) = (e.place, e.bytes, e.prefetched_unused)
         else {
@@ -549,17 +595,24 @@ impl<B: DeviceBackend> TierManager<B> {
         if e.reader.is_some() {
             return Ok(false);
         }
-        let host = match self.host_alloc(bytes) {
-            Ok(l) => l,
-            Err(_) => return Ok(false),
+        let host = if pinned_only {
+            match self.pinned_alloc(bytes) {
+                Some(l) => l,
+                None => return Ok(false),
+            }
+        } else {
+            match self.host_alloc(bytes) {
+                Ok(l) => l,
+                Err(_) => return Ok(false),
+            }
         };
-        let r = self.pipe.issue(
-            self.alloc.backend_mut(),
+        let r = self.issue_copy(
             Direction::Out,
             h,
             host.mem(),
             MemRef::Device(alloc.ptr),
             bytes,
+            host,
         );
         let transfer = match r {
             Ok(t) => t,
@@ -601,13 +654,13 @@ impl<B: DeviceBackend> TierManager<B> {
             Err(crate::error::AllocError::OutOfMemory { .. }) => return Ok(false),
             Err(e) => return Err(e.into()),
         };
-        let r = self.pipe.issue(
-            self.alloc.backend_mut(),
+        let r = self.issue_copy(
             Direction::In,
             h,
             MemRef::Device(alloc.ptr),
             host.mem(),
             bytes,
+            host,
         );
         match r {
             Ok(transfer) => {
@@ -641,13 +694,13 @@ impl<B: DeviceBackend> TierManager<B> {
         self.stats.faults += 1;
         self.stats.fault_bytes += bytes;
         let alloc = self.device_alloc(bytes)?;
-        let r = self.pipe.issue(
-            self.alloc.backend_mut(),
+        let r = self.issue_copy(
             Direction::In,
             h,
             MemRef::Device(alloc.ptr),
             host.mem(),
             bytes,
+            host,
         );
         let transfer = match r {
             Ok(t) => t,

@@ -138,6 +138,16 @@ pub struct TierConfig {
     /// stall on the corpus's train and validation splits, reactive and predictive
     /// (docs/tiers.md, "Relocation").
     pub relocate: bool,
+    /// Spills that nothing waits for (the watermark's batches, spills ahead of a
+    /// forecast peak, an iteration plan's moves) go only to the pinned pool: with no
+    /// room there they are not issued. A copy to pageable memory returns only once it
+    /// is done, so such a spill blocks the host as long as a spill on the
+    /// out-of-memory path would and gains nothing by starting early; the
+    /// out-of-memory path still spills to pageable memory when it must. On by default:
+    /// lower stall on every trace of the train and validation splits that reaches
+    /// pageable memory, reactive and predictive (docs/tiers.md, "Copies to pageable
+    /// memory").
+    pub early_spills_pinned: bool,
 }
 
 impl Default for TierConfig {
@@ -157,6 +167,7 @@ impl Default for TierConfig {
             plan_guard: true,
             oom_by_address: true,
             relocate: true,
+            early_spills_pinned: true,
         }
     }
 }

@@ -509,7 +509,7 @@ impl<B: DeviceBackend> TierManager<B> {
                             } else {
                                 p.stats.skipped += 1;
                             }
-                        } else if self.start_spill(h)? {
+                        } else if self.start_spill(h, true)? {
                             p.stats.spills += 1;
                             if !p.passed.contains(&d.mv) {
                                 p.held.insert(key);

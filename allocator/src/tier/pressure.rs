@@ -173,7 +173,7 @@ impl<B: DeviceBackend> TierManager<B> {
         let moved = if self.prefer_drop(c, sync) {
             self.start_drop(c.handle)?
         } else {
-            self.start_spill(c.handle)?
+            self.start_spill(c.handle, !sync)?
         };
         Ok(if moved { c.bytes } else { 0 })
     }

@@ -632,6 +632,8 @@ fn run<B: DeviceBackend>(
         wasted_prefetches: s.prefetch_wasted,
         cancelled_spills: s.cancelled_spills,
         sync_spills: s.sync_spills,
+        pageable_copied_bytes: s.pageable_copied_bytes,
+        pageable_copy_us: s.pageable_copy_us,
         peak_reserved_bytes: a.reserved.peak,
         reserved_overhead: if peak == 0 {
             0.0
@@ -648,7 +650,11 @@ fn run<B: DeviceBackend>(
         device_allocs: a.device_allocs,
         device_frees: a.device_frees,
         critical_path_device_calls: a.device_allocs + a.device_frees,
-        critical_path_device_us: (stall_us - s.transfer_stall_us).max(0.0),
+        critical_path_device_us: (stall_us
+            - s.transfer_stall_us
+            - s.pageable_copy_us
+            - s.recompute_us)
+            .max(0.0),
         mean_fragmentation: if frag_span > 0.0 {
             frag_time / frag_span
         } else {

@@ -66,6 +66,57 @@ fn every_bundled_trace_completes_at_60_percent() {
     }
 }
 
+/// Spills nothing waits for go only to the pinned pool (`early_spills_pinned`): with a
+/// pool of a quarter of the peak, the bundled ResNet-50 at 60% sends fewer bytes through
+/// pageable memory, whose copies hold the host until they are done, and stalls less.
+/// The host's time in those copies is counted apart from the waits for transfers.
+#[test]
+fn early_spills_wait_for_room_in_the_pinned_pool() {
+    let t = memcast_trace::bundled::ALL
+        .iter()
+        .find(|b| b.name.starts_with("resnet50_b64"))
+        .unwrap()
+        .load()
+        .unwrap();
+    let peak = memcast_trace::stats::TraceStats::compute(&t)
+        .unwrap()
+        .peak_requested_bytes;
+    let run = |pinned_only| {
+        let mut opts = TierReplayOptions {
+            budget: Budget::Fraction(0.6),
+            ..Default::default()
+        };
+        opts.tier.staging_bytes = peak / 4;
+        opts.tier.early_spills_pinned = pinned_only;
+        replay_budgeted(&t, &opts).unwrap()
+    };
+    let (on, off) = (run(true), run(false));
+    assert!(on.completed && off.completed);
+    assert!(
+        off.pageable_copied_bytes > 0 && off.pageable_copy_us > 0.0,
+        "a quarter of the peak pinned: pageable memory used ({off:?})"
+    );
+    assert!(
+        on.pageable_copied_bytes < off.pageable_copied_bytes,
+        "pageable bytes: {} with the rule, {} without",
+        on.pageable_copied_bytes,
+        off.pageable_copied_bytes
+    );
+    assert!(
+        on.stall_us < off.stall_us,
+        "stall: {} us with the rule, {} without",
+        on.stall_us,
+        off.stall_us
+    );
+    for r in [&on, &off] {
+        let parts = r.transfer_stall_us + r.pageable_copy_us + r.critical_path_device_us;
+        assert!(
+            (parts - r.stall_us).abs() <= 1e-6 * r.stall_us.max(1.0),
+            "{r:?}"
+        );
+    }
+}
+
 /// The budget as one arena: under pressure the allocator no longer frees and
 /// re-creates segments (each free synchronizes the device): far fewer device calls,
 /// and the stall they cost gone, on the bundled ResNet-50 at 60%. The peak floor is a

@@ -109,6 +109,11 @@ pub struct TierReport {
     pub wasted_prefetches: u64,
     pub cancelled_spills: u64,
     pub sync_spills: u64,
+    /// Bytes copied to or from pageable host memory (what the pinned pool had no room
+    /// for) and the host time inside those copies, which return only once done (part
+    /// of `stall_us`, not of `transfer_stall_us`).
+    pub pageable_copied_bytes: u64,
+    pub pageable_copy_us: f64,
     pub peak_reserved_bytes: u64,
     /// `peak_reserved / peak_requested - 1` (under a budget, usually negative).
     pub reserved_overhead: f64,
@@ -120,8 +125,8 @@ pub struct TierReport {
     pub device_allocs: u64,
     pub device_frees: u64,
     /// Every allocator device call here is made inside a request (the allocator under
-    /// the tiers runs reactive), and the host time of device calls (stall beyond the
-    /// waits for transfers).
+    /// the tiers runs reactive), and the host time of device calls (the stall beyond
+    /// the waits for transfers, the copies with pageable memory and the recomputes).
     pub critical_path_device_calls: u64,
     pub critical_path_device_us: f64,
     /// Fragmentation of the device allocator, sampled every 256 operations,

@@ -12,6 +12,12 @@ pub struct TierStats {
     /// Spills that went to the pinned pool / to pageable memory.
     pub spills_warm: u64,
     pub spills_cold: u64,
+    /// Bytes copied between the device and pageable host memory (spills that found
+    /// no room in the pinned pool, and their way back), and the host time spent inside
+    /// those copies: they return only once done, so this is stall that no transfer
+    /// wait counts (part of `stall_us`, not of `transfer_stall_us`).
+    pub pageable_copied_bytes: u64,
+    pub pageable_copy_us: f64,
     /// Spills issued on the out-of-memory path (the caller waited for them).
     pub sync_spills: u64,
     /// Spills cancelled because the tensor was accessed while its copy was in flight.

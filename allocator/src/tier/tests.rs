@@ -39,6 +39,8 @@ pub(super) fn manager(seed: u64) -> (TierManager<TestBackend>, FailSwitch) {
         // window's tensors on the device first.
         oom_by_address: seed & 4 != 0,
         relocate: seed & 16 != 0,
+        // Half of them let spills nothing waits for go to pageable memory too.
+        early_spills_pinned: seed & 64 != 0,
         ..TierConfig::default()
     };
     // Half of them with predictive mode's prefetcher (the reads of longer iterations
