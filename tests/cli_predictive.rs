@@ -167,6 +167,7 @@ fn options_that_cannot_apply_are_errors() {
         (vec!["replay", &t, "--no-prefetch"], "--no-prefetch"),
         (vec!["replay", &t, "--no-arena"], "--no-arena"),
         (vec!["replay", &t, "--no-relocate"], "--no-relocate"),
+        (vec!["replay", &t, "--early-pageable"], "--early-pageable"),
         (vec!["replay", &t, "--spread-waits"], "--spread-waits"),
         (
             vec!["replay", &t, "--watermarks", "0.9,0.8"],
@@ -281,6 +282,37 @@ fn relocation_is_reported_and_can_be_turned_off() {
     let (on, off) = (run(&[]), run(&["--no-relocate"]));
     assert!(on.0 > 0 && on.1 > 0, "relocations {on:?}");
     assert_eq!(off, (0, 0));
+}
+
+/// Spills that nothing waits for wait for room in the pinned pool: the held-out LoRA
+/// Llama at 60%, whose reactive replay fills the pool, sends nothing through pageable
+/// memory by default and gigabytes with `--early-pageable`, which stalls more; the
+/// JSON and the text report say so.
+#[test]
+fn early_spills_stay_out_of_pageable_memory_unless_asked() {
+    let t = common::repo()
+        .join("training-data/corpus/test/llama_lora_b8_s1024_bf16.mctrace")
+        .to_string_lossy()
+        .into_owned();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["replay", &t, "--budget", "60%", "--json"];
+        args.extend_from_slice(extra);
+        json(&args)
+    };
+    let (on, off) = (run(&[]), run(&["--early-pageable"]));
+    let bytes = |v: &serde_json::Value| v["pageable_copied_bytes"].as_u64().unwrap();
+    let stall = |v: &serde_json::Value| v["stall_overhead"].as_f64().unwrap();
+    assert_eq!(bytes(&on), 0, "{on}");
+    assert!(bytes(&off) > 1 << 30, "{off}");
+    assert!(off["pageable_copy_us"].as_f64().unwrap() > 0.0);
+    assert!(
+        stall(&on) < stall(&off),
+        "{} against {}",
+        stall(&on),
+        stall(&off)
+    );
+    let text = ok(&["replay", &t, "--budget", "60%", "--early-pageable"]);
+    assert!(text.contains("pageable copies "), "{text}");
 }
 
 /// The plan guard through the CLI: on the synthetic MLP under 60% (a plan from the

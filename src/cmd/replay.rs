@@ -138,6 +138,12 @@ pub struct ReplayArgs {
     /// tensors elsewhere on the device before it spills).
     #[arg(long)]
     pub no_relocate: bool,
+    /// With --budget: spills that nothing waits for (the watermark's batches, spills
+    /// ahead of a forecast, planned moves) may go to pageable memory when the pinned
+    /// pool has no room (by default they wait for room there: a copy to pageable memory
+    /// holds the host until it is done).
+    #[arg(long)]
+    pub early_pageable: bool,
     /// With --budget: take compute time from the GPU's timeline as modelled from the
     /// trace: each iteration's final wait (where a host that ran ahead of the GPU
     /// waited at a synchronization; `memcast trace stats` shows it) spread over the
@@ -276,6 +282,9 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
     }
     if args.no_relocate && args.budget.is_none() {
         bail!("--no-relocate applies to a replay under --budget only");
+    }
+    if args.early_pageable && args.budget.is_none() {
+        bail!("--early-pageable applies to a replay under --budget only");
     }
     if args.spread_waits && args.budget.is_none() {
         bail!("--spread-waits applies to a replay under --budget only");

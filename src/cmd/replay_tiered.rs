@@ -53,6 +53,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         (tier.high_watermark, tier.low_watermark) = parse_watermarks(w)?;
     }
     tier.relocate = !args.no_relocate;
+    tier.early_spills_pinned = !args.early_pageable;
     let costs = super::cost_model(args)?;
     let mut reports = Vec::new();
     for p in &policies {
