@@ -284,7 +284,7 @@ fn relocation_is_reported_and_can_be_turned_off() {
     assert_eq!(off, (0, 0));
 }
 
-/// Spills that nothing waits for wait for room in the pinned pool: the held-out LoRA
+/// Spills that nothing waits for go only to the pinned pool: the held-out LoRA
 /// Llama at 60%, whose reactive replay fills the pool, sends nothing through pageable
 /// memory by default and gigabytes with `--early-pageable`, which stalls more; the
 /// JSON and the text report say so.

@@ -25,7 +25,7 @@
 //! plan, naming the traces outside); `low=X`, `high=X`: `TierConfig::low_watermark`
 //! (also the plans' cap) and `high_watermark`; `pinned=X`: a pinned staging pool of
 //! X times each trace's peak of requested bytes instead of the whole peak
-//! (`TierConfig::staging_bytes`; what does not fit goes to pageable memory); `costs=h100`: the link and device costs
+//! (`TierConfig::staging_bytes`; what the out-of-memory path spills beyond it goes to pageable memory); `costs=h100`: the link and device costs
 //! measured on an H100 (`CostModel::h100`, for its recordings) instead of the H200's;
 //! `save=PATH`: every cell's unrounded figures written to PATH (tab-separated:
 //! workload, column, whole run, from the second iteration); `base=PATH`: such a file

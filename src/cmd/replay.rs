@@ -140,8 +140,8 @@ pub struct ReplayArgs {
     pub no_relocate: bool,
     /// With --budget: spills that nothing waits for (the watermark's batches, spills
     /// ahead of a forecast, planned moves) may go to pageable memory when the pinned
-    /// pool has no room (by default they wait for room there: a copy to pageable memory
-    /// holds the host until it is done).
+    /// pool has no room (by default such a spill is not issued then: a copy to pageable
+    /// memory holds the host until it is done).
     #[arg(long)]
     pub early_pageable: bool,
     /// With --budget: take compute time from the GPU's timeline as modelled from the

@@ -493,7 +493,8 @@ impl<B: DeviceBackend> TierManager<B> {
                         keep.push(d);
                     }
                     Place::Device { .. } => {
-                        // A spill that cannot start (no host memory, a failed copy) is
+                        // A spill that cannot start (no host memory, no room in the
+                        // pinned pool under `early_spills_pinned`, a failed copy) is
                         // dropped, not retried at every operation.
                         if drop {
                             // Only if the tensor may be dropped now (else skipped).

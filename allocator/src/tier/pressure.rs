@@ -2,8 +2,11 @@
 //!
 //! - Before each device allocation, if allocated device bytes plus the request would
 //!   pass `high_watermark x budget`, victims are spilled asynchronously until the bytes
-//!   that will remain (spills in flight counted as gone) are at `low_watermark x budget`.
-//!   Their device memory is released when their copies complete.
+//!   that will remain (spills in flight counted as gone) are at `low_watermark x budget`,
+//!   or, with `TierConfig::early_spills_pinned` (the default), until the pinned pool
+//!   has no room for another victim: nothing waits for these spills, and a copy to
+//!   pageable memory would hold the host until done. Their device memory is released
+//!   when their copies complete.
 //! - If the allocation still fails (out of memory), the caller waits: first for spills
 //!   already in flight (oldest first), then for new spills it issues and waits for at
 //!   once, then for prefetches in flight (which make their tensors spillable), and
@@ -13,7 +16,10 @@
 //!   move does it return [`TierError::OutOfMemory`] with the bytes short.
 //!
 //! Cost: building the candidate list is O(tensors) and ordering it O(n log n); it runs
-//! once per watermark crossing (a batch of spills) and per out-of-memory retry.
+//! once per watermark crossing (a batch of spills) and per out-of-memory retry. While
+//! the pinned pool is full (`early_spills_pinned`), allocations above the watermark pay
+//! a compare; while it holds only small ranges, the candidate list (no sort once no
+//! candidate fits).
 
 use crate::backend::DeviceBackend;
 use crate::error::AllocError;
@@ -140,7 +146,17 @@ impl<B: DeviceBackend> TierManager<B> {
         with_prefetched: bool,
         sync: bool,
     ) -> Result<u64, TierError> {
-        let cands = self.candidates(with_prefetched);
+        // With `early_spills_pinned`, a batch nothing waits for spills only tensors the
+        // pinned pool has room for: with a full pool it costs one compare, not the
+        // candidate list and its sort at every allocation above the watermark.
+        let pinned_only = !sync && self.cfg.early_spills_pinned;
+        if pinned_only && self.staging.free_bytes() == 0 {
+            return Ok(0);
+        }
+        let mut cands = self.candidates(with_prefetched);
+        if pinned_only {
+            cands.retain(|c| c.warm);
+        }
         if cands.is_empty() {
             return Ok(0);
         }

@@ -39,7 +39,9 @@ pub(super) fn manager(seed: u64) -> (TierManager<TestBackend>, FailSwitch) {
         // window's tensors on the device first.
         oom_by_address: seed & 4 != 0,
         relocate: seed & 16 != 0,
-        // Half of them let spills nothing waits for go to pageable memory too.
+        // Half of them keep spills that nothing waits for out of pageable memory (the
+        // default); the fixed-seed tests here do not, so that their 64 KiB pool does
+        // not turn every early and planned spill away.
         early_spills_pinned: seed & 64 != 0,
         ..TierConfig::default()
     };
@@ -466,6 +468,51 @@ fn planned_tiers_keep_every_byte_whatever_the_plan() {
     assert!(planned[0].get() > 0, "no plan from history was carried out");
     assert!(planned[1].get() > 0, "no lying plan was carried out");
     assert!(drops.get() > 0, "no planned drop was carried out");
+}
+
+/// With `early_spills_pinned` the watermark's batches go only to the pinned pool: a
+/// 64 KiB pool takes none of these 128 KiB tensors, so every spill to pageable memory
+/// is one the out-of-memory path waited for; an explicit `spill` still goes there.
+#[test]
+fn early_spills_stay_in_the_pinned_pool_and_asked_for_ones_do_not() {
+    let run = |pinned_only: bool| {
+        let (mut m, _) = manager(1);
+        m.cfg.early_spills_pinned = pinned_only;
+        let mut hs = Vec::new();
+        for i in 0..24u64 {
+            let h = m.register(128 << 10, TensorOpts::default()).unwrap();
+            write(&mut m, h, &pattern(i, 128 << 10)).unwrap();
+            m.end_step();
+            hs.push(h);
+        }
+        for (i, &h) in hs.iter().enumerate() {
+            assert_eq!(read(&mut m, h).unwrap(), pattern(i as u64, 128 << 10));
+            m.end_step();
+            m.check_invariants().unwrap();
+        }
+        m
+    };
+    let (on, off) = (run(true), run(false));
+    let s = on.stats();
+    assert!(s.spills_cold > 0, "the out-of-memory path still spills");
+    assert_eq!(
+        s.spills_cold, s.sync_spills,
+        "every pageable spill waited for: {s:?}"
+    );
+    assert!(
+        off.stats().spills_cold > off.stats().sync_spills,
+        "without the rule the watermark spills to pageable memory: {:?}",
+        off.stats()
+    );
+    // An explicit spill is asked for: pageable memory with the pool too small.
+    let mut m = on;
+    let h = m.register(128 << 10, TensorOpts::default()).unwrap();
+    write(&mut m, h, &pattern(99, 128 << 10)).unwrap();
+    m.end_step();
+    let cold = m.stats().spills_cold;
+    assert!(m.spill(h).unwrap());
+    assert_eq!(m.stats().spills_cold, cold + 1);
+    assert_eq!(read(&mut m, h).unwrap(), pattern(99, 128 << 10));
 }
 
 #[test]
