@@ -66,18 +66,23 @@ fn every_bundled_trace_completes_at_60_percent() {
     }
 }
 
+/// The bundled ResNet-50 training trace.
+fn bundled_resnet50() -> memcast_trace::Trace {
+    memcast_trace::bundled::ALL
+        .iter()
+        .find(|b| b.name.starts_with("resnet50_b64"))
+        .unwrap()
+        .load()
+        .unwrap()
+}
+
 /// Spills nothing waits for go only to the pinned pool (`early_spills_pinned`): with a
 /// pool of a quarter of the peak, the bundled ResNet-50 at 60% sends fewer bytes through
 /// pageable memory, whose copies hold the host until they are done, and stalls less.
 /// The host's time in those copies is counted apart from the waits for transfers.
 #[test]
 fn early_spills_go_only_to_the_pinned_pool() {
-    let t = memcast_trace::bundled::ALL
-        .iter()
-        .find(|b| b.name.starts_with("resnet50_b64"))
-        .unwrap()
-        .load()
-        .unwrap();
+    let t = bundled_resnet50();
     let peak = memcast_trace::stats::TraceStats::compute(&t)
         .unwrap()
         .peak_requested_bytes;
@@ -124,12 +129,7 @@ fn early_spills_go_only_to_the_pinned_pool() {
 /// lower bound of both.
 #[test]
 fn one_arena_under_a_budget_makes_almost_no_device_calls() {
-    let t = memcast_trace::bundled::ALL
-        .iter()
-        .find(|b| b.name.starts_with("resnet50_b64"))
-        .unwrap()
-        .load()
-        .unwrap();
+    let t = bundled_resnet50();
     let run = |arena| {
         replay_budgeted(
             &t,

@@ -34,7 +34,10 @@ pub struct TierStats {
     pub fault_bytes: u64,
     /// Prefetched tensors freed or spilled again before any access.
     pub prefetch_wasted: u64,
-    /// Time the caller waited for transfers (faults, late prefetches, OOM-path spills).
+    /// Time the caller waited for transfers (faults, late prefetches, OOM-path spills);
+    /// not the host's time inside copies with pageable memory, which block in the copy
+    /// call itself (`pageable_copy_us`), so a fault from or an out-of-memory spill to
+    /// pageable memory counts mostly there.
     pub transfer_stall_us: f64,
     /// Failed copies and host allocations (tensor kept where it was).
     pub transfer_failures: u64,

@@ -470,6 +470,29 @@ fn planned_tiers_keep_every_byte_whatever_the_plan() {
     assert!(drops.get() > 0, "no planned drop was carried out");
 }
 
+/// 24 x 128 KiB = 3 MiB through the 2 MiB device of [`manager`], each tensor written
+/// with its pattern in a step of its own.
+fn fill_3mib(m: &mut TierManager<TestBackend>) -> Vec<TensorHandle> {
+    (0..24u64)
+        .map(|i| {
+            let h = m.register(128 << 10, TensorOpts::default()).unwrap();
+            write(m, h, &pattern(i, 128 << 10)).unwrap();
+            m.end_step();
+            h
+        })
+        .collect()
+}
+
+/// Reads back what [`fill_3mib`] wrote, each in a step of its own, checking the
+/// invariants after each.
+fn read_back_3mib(m: &mut TierManager<TestBackend>, hs: &[TensorHandle]) {
+    for (i, &h) in hs.iter().enumerate() {
+        assert_eq!(read(m, h).unwrap(), pattern(i as u64, 128 << 10));
+        m.end_step();
+        m.check_invariants().unwrap();
+    }
+}
+
 /// With `early_spills_pinned` the watermark's batches go only to the pinned pool: a
 /// 64 KiB pool takes none of these 128 KiB tensors, so every spill to pageable memory
 /// is one the out-of-memory path waited for; an explicit `spill` still goes there.
@@ -478,18 +501,8 @@ fn early_spills_stay_in_the_pinned_pool_and_asked_for_ones_do_not() {
     let run = |pinned_only: bool| {
         let (mut m, _) = manager(1);
         m.cfg.early_spills_pinned = pinned_only;
-        let mut hs = Vec::new();
-        for i in 0..24u64 {
-            let h = m.register(128 << 10, TensorOpts::default()).unwrap();
-            write(&mut m, h, &pattern(i, 128 << 10)).unwrap();
-            m.end_step();
-            hs.push(h);
-        }
-        for (i, &h) in hs.iter().enumerate() {
-            assert_eq!(read(&mut m, h).unwrap(), pattern(i as u64, 128 << 10));
-            m.end_step();
-            m.check_invariants().unwrap();
-        }
+        let hs = fill_3mib(&mut m);
+        read_back_3mib(&mut m, &hs);
         m
     };
     let (on, off) = (run(true), run(false));
@@ -518,24 +531,13 @@ fn early_spills_stay_in_the_pinned_pool_and_asked_for_ones_do_not() {
 #[test]
 fn pressure_spills_and_data_survives_the_round_trip() {
     let (mut m, _) = manager(1);
-    let mut hs = Vec::new();
-    // 24 x 128 KiB = 3 MiB through a 2 MiB device.
-    for i in 0..24u64 {
-        let h = m.register(128 << 10, TensorOpts::default()).unwrap();
-        write(&mut m, h, &pattern(i, 128 << 10)).unwrap();
-        m.end_step();
-        hs.push(h);
-    }
+    let hs = fill_3mib(&mut m);
     assert!(m.stats().spills > 0);
     assert!(
         m.stats().spills_cold > 0,
         "staging pool of 64 KiB is too small: cold tier used"
     );
-    for (i, &h) in hs.iter().enumerate() {
-        assert_eq!(read(&mut m, h).unwrap(), pattern(i as u64, 128 << 10));
-        m.end_step();
-        m.check_invariants().unwrap();
-    }
+    read_back_3mib(&mut m, &hs);
     assert!(m.stats().faults > 0);
 }
 
