@@ -3,12 +3,12 @@
 //! time inside copies with pageable memory, which return only once the host buffer is
 //! no longer needed.
 
-use crate::backend::{DeviceBackend, MemRef};
+use crate::backend::{BackendError, DeviceBackend, MemRef};
 
 use super::handle::TensorHandle;
 use super::manager::TierManager;
 use super::staging::HostLoc;
-use super::transfer::Direction;
+use super::transfer::{Direction, TransferId};
 use super::TierError;
 
 impl<B: DeviceBackend> TierManager<B> {
@@ -43,21 +43,21 @@ impl<B: DeviceBackend> TierManager<B> {
 
     /// A host buffer for `bytes`: the staging pool if it has room, else pageable.
     pub(crate) fn host_alloc(&mut self, bytes: u64) -> Result<HostLoc, TierError> {
-        let loc = match self.staging.alloc(bytes) {
-            Some(l) => l,
-            None => {
-                let len = bytes.max(1);
-                match self.alloc.backend_mut().allocate_host(len, false) {
-                    Ok(ptr) => HostLoc::Cold { ptr, len },
-                    Err(e) => {
-                        self.stats.host_alloc_failures += 1;
-                        return Err(e.into());
-                    }
-                }
+        if let Some(loc) = self.pinned_alloc(bytes) {
+            return Ok(loc);
+        }
+        let len = bytes.max(1);
+        match self.alloc.backend_mut().allocate_host(len, false) {
+            Ok(ptr) => {
+                let loc = HostLoc::Cold { ptr, len };
+                self.count_host(loc);
+                Ok(loc)
             }
-        };
-        self.count_host(loc);
-        Ok(loc)
+            Err(e) => {
+                self.stats.host_alloc_failures += 1;
+                Err(e.into())
+            }
+        }
     }
 
     /// Queues a copy between the device and `host` on the pipeline's stream of `dir`.
@@ -74,7 +74,7 @@ impl<B: DeviceBackend> TierManager<B> {
         src: MemRef,
         bytes: u64,
         host: HostLoc,
-    ) -> Result<super::transfer::TransferId, crate::backend::BackendError> {
+    ) -> Result<TransferId, BackendError> {
         if host.is_warm() {
             return self
                 .pipe
