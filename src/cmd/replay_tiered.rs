@@ -207,12 +207,17 @@ fn print_table(r: &TierReport) {
         out!("prefetch hit rate  - (no spilled tensor was read back: 0 hits, 0 misses)");
     } else {
         out!(
-            "prefetch hit rate  {:.3} ({} hits, {} misses: {} faults, {} late)",
+            "prefetch hit rate  {:.3} ({} hits, {} misses: {} faults, {} late{})",
             r.prefetch_hit_rate,
             r.prefetch_hits,
             r.prefetch_misses,
             r.faults,
-            r.late_prefetches
+            r.late_prefetches,
+            if r.blocked_prefetches > 0 {
+                format!(", {} from pageable memory", r.blocked_prefetches)
+            } else {
+                String::new()
+            }
         );
     }
     if r.pageable_copied_bytes > 0 {

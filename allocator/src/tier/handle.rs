@@ -113,6 +113,9 @@ pub struct Entry {
     pub step: u64,
     /// Brought back by a prefetch and not accessed since.
     pub prefetched_unused: bool,
+    /// Read only with `prefetched_unused`: that prefetch read pageable memory, so the
+    /// host waited inside the copy call and its access counts as a miss, not a hit.
+    pub prefetch_blocked: bool,
     /// A cancelled spill's copy still reading this tensor's device memory: the memory
     /// must outlive it (a free hands it to that transfer).
     pub reader: Option<TransferId>,

@@ -174,6 +174,7 @@ impl<B: DeviceBackend> TierManager<B> {
             recompute_prob: opts.recompute_prob.clamp(0.0, 1.0),
             step: 0,
             prefetched_unused: false,
+            prefetch_blocked: false,
             reader: None,
         };
         e.touch(now, self.step);
@@ -251,7 +252,11 @@ impl<B: DeviceBackend> TierManager<B> {
         Ok(match place {
             Place::Device { alloc } => {
                 if e.prefetched_unused {
-                    self.stats.prefetch_hits += 1;
+                    if e.prefetch_blocked {
+                        self.stats.prefetch_blocked += 1;
+                    } else {
+                        self.stats.prefetch_hits += 1;
+                    }
                     e.prefetched_unused = false;
                 }
                 alloc.ptr
@@ -595,6 +600,7 @@ impl<B: DeviceBackend> TierManager<B> {
                     transfer,
                 };
                 e.prefetched_unused = true;
+                e.prefetch_blocked = !host.is_warm();
                 self.stats.prefetches += 1;
                 self.stats.prefetched_bytes += bytes;
                 Ok(true)

@@ -60,6 +60,7 @@ mod pressure;
 pub mod recompute;
 mod relocate;
 pub mod replay;
+mod replay_options;
 pub mod report;
 pub mod schedule;
 pub mod spill;

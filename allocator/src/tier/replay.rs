@@ -24,7 +24,7 @@ use memcast_trace::Trace;
 
 use crate::backend::host::HostBackend;
 use crate::backend::layers::Limit;
-use crate::backend::sim::{CostModel, SimBackend, H200_CAPACITY};
+use crate::backend::sim::{SimBackend, H200_CAPACITY};
 use crate::backend::DeviceBackend;
 use crate::config::AllocConfig;
 use crate::pool::Allocator;
@@ -42,79 +42,11 @@ use super::recompute::TimeOnly;
 use super::schedule::LinkModel;
 use super::spill::{FarthestNextUse, LinkCost, LruK, SpillPolicy};
 use super::{TierConfig, TierError};
-use crate::config::Actions;
 use crate::replay::ReplayForecaster;
 
 pub use super::budget::{Budget, BUDGET_SYNTAX};
-
-/// Settings of a budgeted replay.
-#[derive(Debug, Clone)]
-pub struct TierReplayOptions {
-    pub budget: Budget,
-    pub device: Device,
-    /// `true`: the reactive prefetcher; `false`: none (every use of a spilled tensor
-    /// faults).
-    pub prefetch: bool,
-    /// The tier knobs (`budget` and, if 0, `staging_bytes` are set by the replay).
-    pub tier: TierConfig,
-    /// The device allocator's settings (default: memcast's, with fixed segments).
-    pub alloc: AllocConfig,
-    /// Recompute probability given to tensors with a recompute cost (synthetic traces).
-    pub recompute_prob: f64,
-    /// Run `check_invariants()` every N operations (0 = never).
-    pub check_every: u64,
-    /// Largest working set of one step, as a fraction of the budget: a step that
-    /// accesses more is split (see the module docs).
-    pub max_step_fraction: f64,
-    /// Predictive tiers: the forecaster and the actions it drives (`None`: reactive).
-    pub predictive: Option<(ReplayForecaster, Actions)>,
-    /// With fixed segments: the allocator's first large segment is the whole budget
-    /// (less room for two slab segments), so that the budget is one arena and no
-    /// segment is freed and re-created under pressure (see [`arena_bytes`]).
-    pub arena: bool,
-    /// A plan to execute ([`super::directives`]): its spills, prefetches and drops
-    /// replace the reactive prefetcher, and spills of the replay's own start only when
-    /// an allocation would not fit otherwise.
-    pub plan: Option<Plan>,
-    /// Compute time from the GPU's timeline as modelled by
-    /// [`memcast_trace::timeline::spread_final_waits`] (each iteration's final wait,
-    /// where a host that ran ahead of the GPU waited, spread over the iteration)
-    /// instead of the trace's event times.
-    pub spread_waits: bool,
-    /// The simulated device's costs (`Device::Sim`) and the link the policies and the
-    /// floors assume (every device): the H200's by default, [`CostModel::h100`] for
-    /// timelines recorded on an H100.
-    pub costs: CostModel,
-}
-
-impl Default for TierReplayOptions {
-    fn default() -> Self {
-        TierReplayOptions {
-            budget: Budget::Fraction(1.0),
-            device: Device::Sim,
-            prefetch: true,
-            tier: TierConfig {
-                staging_bytes: 0,
-                ..TierConfig::default()
-            },
-            // Fixed segments: a segment emptied by spills goes back to the budget whole,
-            // where a growable one only shrinks from its end (measured in docs/tiers.md:
-            // ResNet-50 at 100%: stall 308 ms vs 1076 ms with growable segments).
-            alloc: AllocConfig {
-                growable_segments: false,
-                ..AllocConfig::default()
-            },
-            recompute_prob: 0.5,
-            check_every: 0,
-            max_step_fraction: 0.5,
-            predictive: None,
-            arena: true,
-            plan: None,
-            spread_waits: false,
-            costs: CostModel::default(),
-        }
-    }
-}
+use super::replay_options::check_budget;
+pub use super::replay_options::{arena_bytes, TierReplayOptions};
 
 pub use super::report::TierReport;
 
@@ -191,35 +123,6 @@ pub fn replay_budgeted(
             run(trace, Limit::new(b, budget), cfg, &alloc_cfg, opts, peak)
         }
     }
-}
-
-/// A budget in which anything fits: every device allocation is at least one granule
-/// of the allocator (`segment_granule`, or the backend's page where that is larger),
-/// so a budget below one holds none.
-fn check_budget(budget: u64, granule: u64) -> Result<(), TierReplayError> {
-    use memcast_trace::stats::human_bytes;
-    if budget < granule {
-        return Err(TierReplayError::Budget(format!(
-            "{} is less than one segment of the allocator ({}, `segment_granule` or the \
-             device's page, whichever is larger): every device allocation is at least \
-             that, so nothing fits",
-            human_bytes(budget),
-            human_bytes(granule)
-        )));
-    }
-    Ok(())
-}
-
-/// The arena a budget of `budget` bytes gets: the budget rounded down to the segment
-/// granule, less two slab chunks (slab segments are separate; without room for them
-/// small requests under pressure free and re-create segments: on ResNet-50 at 60%,
-/// an arena of the whole budget made 211 device calls, this one 2).
-pub fn arena_bytes(budget: u64, cfg: &AllocConfig) -> u64 {
-    let granule = cfg.segment_granule.max(1);
-    let small = 2 * cfg.growth_small_chunk.max(granule);
-    (budget / granule * granule)
-        .saturating_sub(small)
-        .max(granule)
 }
 
 fn run<B: DeviceBackend>(
@@ -315,6 +218,9 @@ fn run<B: DeviceBackend>(
     let mut compute_us = 0.0;
     let mut stall0 = None;
     let mut setup_us = 0.0;
+    // The tier counters when the setup ended: its waits (spills of static blocks under
+    // a small budget) are taken off the stall's parts as its time is off the stall.
+    let mut at_setup_end = None;
     let mut error = None;
     let mut n_ops = 0u64;
     let (mut reserved_time, mut frag_time, mut frag_span) = (0.0f64, 0.0f64, 0.0f64);
@@ -351,6 +257,7 @@ fn run<B: DeviceBackend>(
             // Setup ends at the first trace event.
             setup_us = m.backend().stall_us();
             stall0 = Some(setup_us);
+            at_setup_end = Some(m.stats().clone());
         }
         n_ops += 1;
         if let (Some(k), false) = (
@@ -500,6 +407,7 @@ fn run<B: DeviceBackend>(
         // No trace event was reached (the setup failed, or there are none): all of it
         // was setup, none of it stall.
         setup_us = m.backend().stall_us();
+        at_setup_end = Some(m.stats().clone());
     }
     if error.is_none() {
         let end = trace.events.len() as u64;
@@ -524,9 +432,12 @@ fn run<B: DeviceBackend>(
     if opts.check_every > 0 {
         m.check_invariants().map_err(|e| bad(None, e.to_string()))?;
     }
+    let s = match &at_setup_end {
+        Some(s0) => m.stats().times_since(s0),
+        None => m.stats().clone(),
+    };
     // Recomputes ran on the compute stream: the caller waited for them.
-    let stall_us = m.backend().stall_us() + m.stats().recompute_us - setup_us;
-    let s = m.stats().clone();
+    let stall_us = m.backend().stall_us() - setup_us + s.recompute_us;
     let ahead_spills = m.demand().map_or(0, |d| d.ahead_spills);
     let plan_stats = m.planner().map(|p| p.stats.clone()).unwrap_or_default();
     let planned_suppressed = m
@@ -629,6 +540,7 @@ fn run<B: DeviceBackend>(
         prefetch_hit_rate: s.prefetch_hit_rate(),
         faults: s.faults,
         late_prefetches: s.prefetch_late,
+        blocked_prefetches: s.prefetch_blocked,
         wasted_prefetches: s.prefetch_wasted,
         cancelled_spills: s.cancelled_spills,
         sync_spills: s.sync_spills,

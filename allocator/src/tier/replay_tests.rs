@@ -429,3 +429,52 @@ fn spread_waits_replays_the_modelled_gpu_timeline() {
         spread.stall_us
     );
 }
+
+/// Static blocks above the budget spill while the setup registers them: that time is
+/// the setup's (`setup_us`), so it is in neither the stall nor any of its parts, and
+/// the parts still add up to the stall.
+#[test]
+fn the_setups_spills_are_in_no_part_of_the_stall() {
+    use memcast_trace::{Event, EventKind, StaticBlock, Trace};
+    let mib = 1u64 << 20;
+    let t = Trace {
+        static_blocks: (0..4)
+            .map(|id| StaticBlock {
+                id,
+                bytes: 4 * mib,
+                stream: 0,
+            })
+            .collect(),
+        events: vec![
+            Event {
+                time_us: 0,
+                kind: EventKind::Alloc {
+                    id: 10,
+                    bytes: mib,
+                    stream: 0,
+                },
+            },
+            Event {
+                time_us: 100,
+                kind: EventKind::Free { id: 10 },
+            },
+        ],
+        ..Default::default()
+    };
+    let opts = TierReplayOptions {
+        budget: Budget::Bytes(8 * mib),
+        ..Default::default()
+    };
+    let r = replay_budgeted(&t, &opts).unwrap();
+    assert!(r.completed, "{:?}", r.error);
+    assert!(r.spilled_bytes >= 8 * mib, "the setup spills: {r:?}");
+    assert!(r.setup_us > 0.0, "{r:?}");
+    let parts =
+        r.transfer_stall_us + r.pageable_copy_us + r.recompute_us + r.critical_path_device_us;
+    assert!(
+        (parts - r.stall_us).abs() <= 1e-6 * r.stall_us.max(1.0),
+        "parts {parts} us, stall {} us: {r:?}",
+        r.stall_us
+    );
+    assert!(r.transfer_stall_us <= r.stall_us, "{r:?}");
+}

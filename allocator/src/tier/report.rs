@@ -30,6 +30,8 @@ pub struct TierReport {
     pub peak_requested_bytes: u64,
     pub budget_fraction: f64,
     pub compute_us: f64,
+    /// The stall and every time below that is a part of it count from the end of the
+    /// setup (its time is `setup_us`); counts and bytes include the setup's.
     pub stall_us: f64,
     pub transfer_stall_us: f64,
     /// Of `transfer_stall_us`, the part spent in accesses (faults and late prefetches);
@@ -106,6 +108,9 @@ pub struct TierReport {
     pub prefetch_hit_rate: f64,
     pub faults: u64,
     pub late_prefetches: u64,
+    /// Accesses of tensors prefetched from pageable memory (misses: the host waited
+    /// inside the copy call).
+    pub blocked_prefetches: u64,
     pub wasted_prefetches: u64,
     pub cancelled_spills: u64,
     pub sync_spills: u64,

@@ -3,7 +3,8 @@
 
 use serde::Serialize;
 
-/// What the tiering layer counted.
+/// What the tiering layer counted. A new time (`_us`) field also goes into
+/// [`TierStats::times_since`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct TierStats {
     /// Spills issued (device to host copies) and their bytes.
@@ -29,6 +30,10 @@ pub struct TierStats {
     pub prefetch_hits: u64,
     /// Accesses that found a prefetch still in flight (waited: counted as misses).
     pub prefetch_late: u64,
+    /// Accesses of a tensor prefetched from pageable memory: on the device in time, but
+    /// the host waited inside that copy's call (`pageable_copy_us`), so nothing was
+    /// hidden (counted as misses).
+    pub prefetch_blocked: u64,
     /// Accesses of tensors on the host with no prefetch (synchronous fault).
     pub faults: u64,
     pub fault_bytes: u64,
@@ -83,7 +88,8 @@ pub struct TierStats {
 }
 
 impl TierStats {
-    /// `hits / (hits + misses)`, misses = faults + late prefetches; 1 when none.
+    /// `hits / (hits + misses)`, misses = faults + late prefetches + prefetches from
+    /// pageable memory; 1 when none.
     pub fn prefetch_hit_rate(&self) -> f64 {
         let n = self.prefetch_hits + self.prefetch_misses();
         if n == 0 {
@@ -92,7 +98,28 @@ impl TierStats {
             self.prefetch_hits as f64 / n as f64
         }
     }
+    /// These counters with the times spent since `earlier` (a copy taken before):
+    /// every `_us` field is the difference; counts and bytes stay totals.
+    pub fn times_since(&self, earlier: &TierStats) -> TierStats {
+        let mut s = self.clone();
+        for (now, then) in [
+            (&mut s.pageable_copy_us, earlier.pageable_copy_us),
+            (&mut s.transfer_stall_us, earlier.transfer_stall_us),
+            (&mut s.access_stall_us, earlier.access_stall_us),
+            (&mut s.oom_wait_out_us, earlier.oom_wait_out_us),
+            (&mut s.oom_spill_us, earlier.oom_spill_us),
+            (&mut s.oom_wait_in_us, earlier.oom_wait_in_us),
+            (&mut s.oom_relocate_us, earlier.oom_relocate_us),
+            (&mut s.late_prefetch_us, earlier.late_prefetch_us),
+            (&mut s.fault_us, earlier.fault_us),
+            (&mut s.recompute_us, earlier.recompute_us),
+        ] {
+            *now -= then;
+        }
+        s
+    }
+
     pub fn prefetch_misses(&self) -> u64 {
-        self.faults + self.prefetch_late
+        self.faults + self.prefetch_late + self.prefetch_blocked
     }
 }

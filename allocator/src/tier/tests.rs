@@ -635,3 +635,39 @@ fn an_iteration_of_a_known_shape_is_planned_from_the_last_of_that_shape() {
     assert!(s.replans >= 4, "{s:?}");
     assert!(s.spills > 0 && s.prefetches > 0, "{s:?}");
 }
+
+#[test]
+fn a_prefetch_from_pageable_memory_is_a_miss_not_a_hit() {
+    let (mut m, _) = manager(1);
+    // 128 KiB does not fit the 64 KiB pinned pool (pageable), 64 KiB does.
+    let (cold, warm) = (128u64 << 10, 64u64 << 10);
+    let hs: Vec<_> = [cold, warm]
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| {
+            let h = m.register(b, TensorOpts::default()).unwrap();
+            write(&mut m, h, &pattern(i as u64, b)).unwrap();
+            h
+        })
+        .collect();
+    m.end_step();
+    for &h in &hs {
+        assert!(m.spill(h).unwrap());
+    }
+    m.synchronize().unwrap();
+    assert_eq!((m.stats().spills_warm, m.stats().spills_cold), (1, 1));
+    for &h in &hs {
+        assert!(m.prefetch(h).unwrap());
+    }
+    m.synchronize().unwrap();
+    for (i, (&h, &b)) in hs.iter().zip(&[cold, warm]).enumerate() {
+        assert_eq!(read(&mut m, h).unwrap(), pattern(i as u64, b));
+    }
+    let s = m.stats();
+    assert_eq!(
+        (s.prefetch_hits, s.prefetch_blocked, s.prefetch_misses()),
+        (1, 1, 1),
+        "{s:?}"
+    );
+    assert_eq!(s.prefetch_hit_rate(), 0.5);
+}
