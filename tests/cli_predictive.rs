@@ -168,6 +168,11 @@ fn options_that_cannot_apply_are_errors() {
         (vec!["replay", &t, "--no-arena"], "--no-arena"),
         (vec!["replay", &t, "--no-relocate"], "--no-relocate"),
         (vec!["replay", &t, "--early-pageable"], "--early-pageable"),
+        (vec!["replay", &t, "--pinned", "25%"], "--pinned"),
+        (
+            vec!["replay", &t, "--budget", "60%", "--pinned", "1.5"],
+            "--pinned",
+        ),
         (vec!["replay", &t, "--spread-waits"], "--spread-waits"),
         (
             vec!["replay", &t, "--watermarks", "0.9,0.8"],
@@ -313,6 +318,40 @@ fn early_spills_stay_out_of_pageable_memory_unless_asked() {
     );
     let text = ok(&["replay", &t, "--budget", "60%", "--early-pageable"]);
     assert!(text.contains("pageable copies "), "{text}");
+}
+
+/// `--pinned` sizes the pinned pool: the bundled ResNet-50 at 60% sends nothing to
+/// pageable memory with the default pool (its peak); with a quarter of it, spills that
+/// nothing waits for find the pool full (counted and reported, not issued), the
+/// out-of-memory path's go to pageable memory, and the accesses of tensors prefetched
+/// from there count as misses.
+#[test]
+fn the_pinned_pool_is_sized_and_its_refusals_reported() {
+    let t = bundled("resnet50_b64_train");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["replay", &t, "--budget", "60%", "--json"];
+        args.extend_from_slice(extra);
+        json(&args)
+    };
+    let u = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    let (full, quarter) = (run(&[]), run(&["--pinned", "25%"]));
+    let peak = u(&full, "peak_requested_bytes");
+    assert_eq!(u(&full, "staging_bytes"), peak);
+    assert_eq!(u(&quarter, "staging_bytes"), peak / 4);
+    assert_eq!(u(&full, "early_spills_refused"), 0, "{full}");
+    assert_eq!(u(&full, "pageable_copied_bytes"), 0, "{full}");
+    assert!(u(&quarter, "early_spills_refused") > 0, "{quarter}");
+    assert!(u(&quarter, "pageable_copied_bytes") > 0, "{quarter}");
+    let blocked = u(&quarter, "blocked_prefetches");
+    assert!(blocked > 0, "{quarter}");
+    assert_eq!(
+        u(&quarter, "prefetch_misses"),
+        u(&quarter, "faults") + u(&quarter, "late_prefetches") + blocked
+    );
+    assert_eq!(u(&run(&["--pinned", "1G"]), "staging_bytes"), 1 << 30);
+    let text = ok(&["replay", &t, "--budget", "60%", "--pinned", "25%"]);
+    assert!(text.contains("pinned pool full "), "{text}");
+    assert!(text.contains("from pageable memory"), "{text}");
 }
 
 /// The plan guard through the CLI: on the synthetic MLP under 60% (a plan from the

@@ -144,6 +144,12 @@ pub struct ReplayArgs {
     /// memory holds the host until it is done).
     #[arg(long)]
     pub early_pageable: bool,
+    /// With --budget: the pinned host pool that spills go to, written as --budget is
+    /// (a share of the trace's peak requested bytes, or bytes); default: the peak
+    /// (what is off the device can exceed `peak - budget` while copies are in flight).
+    /// What does not fit goes to pageable memory, whose copies hold the host.
+    #[arg(long, value_name = "POOL")]
+    pub pinned: Option<String>,
     /// With --budget: take compute time from the GPU's timeline as modelled from the
     /// trace: each iteration's final wait (where a host that ran ahead of the GPU
     /// waited at a synchronization; `memcast trace stats` shows it) spread over the
@@ -285,6 +291,9 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
     }
     if args.early_pageable && args.budget.is_none() {
         bail!("--early-pageable applies to a replay under --budget only");
+    }
+    if args.pinned.is_some() && args.budget.is_none() {
+        bail!("--pinned applies to a replay under --budget only");
     }
     if args.spread_waits && args.budget.is_none() {
         bail!("--spread-waits applies to a replay under --budget only");

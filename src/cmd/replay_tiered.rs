@@ -54,6 +54,15 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     }
     tier.relocate = !args.no_relocate;
     tier.early_spills_pinned = !args.early_pageable;
+    if let Some(p) = &args.pinned {
+        let pool: Budget = p
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!(e))
+            .context("--pinned")?;
+        let peak = memcast_trace::stats::TraceStats::compute(&trace)?.peak_requested_bytes;
+        // 0 would mean "the replay's default": the smallest pool is one byte.
+        tier.staging_bytes = pool.bytes(peak).max(1);
+    }
     let costs = super::cost_model(args)?;
     let mut reports = Vec::new();
     for p in &policies {
@@ -225,6 +234,12 @@ fn print_table(r: &TierReport) {
             "pageable copies    {} to or from pageable memory (no room in the pinned pool), {:.1} ms of the host's time inside them (in the stall: such a copy returns once done)",
             human_bytes(r.pageable_copied_bytes),
             r.pageable_copy_us / 1e3
+        );
+    }
+    if r.early_spills_refused > 0 {
+        out!(
+            "pinned pool full   {} early spills not issued (nothing waited for them; a larger pool, --pinned, would let them start early)",
+            r.early_spills_refused
         );
     }
     out!(

@@ -527,7 +527,10 @@ impl<B: DeviceBackend> TierManager<B> {
         let host = if pinned_only {
             match self.pinned_alloc(bytes) {
                 Some(l) => l,
-                None => return Ok(false),
+                None => {
+                    self.stats.early_spills_refused += 1;
+                    return Ok(false);
+                }
             }
         } else {
             match self.host_alloc(bytes) {

@@ -151,6 +151,7 @@ impl<B: DeviceBackend> TierManager<B> {
         // candidate list and its sort at every allocation above the watermark.
         let pinned_only = !sync && self.cfg.early_spills_pinned;
         if pinned_only && self.staging.free_bytes() == 0 {
+            self.stats.early_spills_refused += 1;
             return Ok(0);
         }
         let mut cands = self.candidates(with_prefetched);

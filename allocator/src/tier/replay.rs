@@ -544,6 +544,7 @@ fn run<B: DeviceBackend>(
         wasted_prefetches: s.prefetch_wasted,
         cancelled_spills: s.cancelled_spills,
         sync_spills: s.sync_spills,
+        early_spills_refused: s.early_spills_refused,
         pageable_copied_bytes: s.pageable_copied_bytes,
         pageable_copy_us: s.pageable_copy_us,
         peak_reserved_bytes: a.reserved.peak,

@@ -114,6 +114,9 @@ pub struct TierReport {
     pub wasted_prefetches: u64,
     pub cancelled_spills: u64,
     pub sync_spills: u64,
+    /// Spills nothing waits for that the pinned pool had no room for (not issued):
+    /// tensors refused and watermark batches that found the pool full.
+    pub early_spills_refused: u64,
     /// Bytes copied to or from pageable host memory (what the pinned pool had no room
     /// for) and the host time inside those copies, which return only once done (part
     /// of `stall_us`, not of `transfer_stall_us`).

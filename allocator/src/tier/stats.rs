@@ -19,6 +19,11 @@ pub struct TierStats {
     /// wait counts (part of `stall_us`, not of `transfer_stall_us`).
     pub pageable_copied_bytes: u64,
     pub pageable_copy_us: f64,
+    /// Spills nothing waits for that were not issued for want of room in the pinned
+    /// pool (`TierConfig::early_spills_pinned`): a tensor refused, or a watermark
+    /// batch that found the pool full (one per such batch). Many of them say the pool
+    /// is smaller than what the policies would move early.
+    pub early_spills_refused: u64,
     /// Spills issued on the out-of-memory path (the caller waited for them).
     pub sync_spills: u64,
     /// Spills cancelled because the tensor was accessed while its copy was in flight.
