@@ -8,7 +8,9 @@
 #
 #   scripts/tier_replays_gpu.sh OUT [MANIFEST] [SPLIT] [BUDGET] [LIMIT]
 #
-# Defaults: training-data/corpus/manifest.tsv, test, 0.6, 420. Run from the repository
+# Defaults: training-data/corpus/manifest.tsv, test, 0.6, 420. MEMCAST_REPLAY_ARGS, if
+# set, is added to every replay's arguments (e.g. "--pinned 25% --early-pageable"), and
+# recorded with each line of the JSON file. Run from the repository
 # root (or from a folder staged by scripts/stage-gpu.sh, which copies this script beside
 # the `memcast` binary); the manifest's paths are read from where it lies.
 set -u
@@ -35,7 +37,7 @@ for round in 1 2; do
     if [ $(( $(date +%s) - start )) -gt "$limit" ]; then echo "out of time before $f (round $round)"; break 2; fi
     name=$(basename "$f" .mctrace)
     json=$(timeout 120 "$memcast" replay "$base/$f" --device cuda --compare reactive,predictive \
-      --budget "$budget" --json 2>>"$out/tier-replays.err")
+      --budget "$budget" ${MEMCAST_REPLAY_ARGS:-} --json 2>>"$out/tier-replays.err")
     echo "$json" | python3 -c '
 import json, sys
 name, rnd, out = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -44,12 +46,12 @@ try:
 except ValueError:
     print("%s round %s: no JSON (see tier-replays.err)" % (name, rnd)); sys.exit()
 with open(out, "a") as f:
-    f.write(json.dumps({"trace": name, "round": int(rnd), "replays": d}) + "\n")
+    f.write(json.dumps({"trace": name, "round": int(rnd), "args": sys.argv[4], "replays": d}) + "\n")
 for k, v in sorted(d.items()):
     print("%-28s %s %-10s completed=%s ooms=%s stall=%.4f blocked=%.0fms faults=%s fault=%.0fms hit=%.3f wall=%.1fs" % (
         name, rnd, k, v["completed"], v["ooms"], v["stall_overhead"], v["stall_us"] / 1e3,
         v["faults"], v["fault_us"] / 1e3, v["prefetch_hit_rate"], v["wall_secs"]))
-' "$name" "$round" "$out/tier-replays.jsonl"
+' "$name" "$round" "$out/tier-replays.jsonl" "${MEMCAST_REPLAY_ARGS:-}"
   done
 done
 echo "total $(( $(date +%s) - start )) s"
