@@ -171,7 +171,13 @@ fn options_that_cannot_apply_are_errors() {
         (vec!["replay", &t, "--pinned", "25%"], "--pinned"),
         (
             vec!["replay", &t, "--budget", "60%", "--pinned", "1.5"],
-            "--pinned",
+            "--pinned: pinned pool \"1.5\"",
+        ),
+        (
+            vec![
+                "replay", &t, "--budget", "60%", "--pinned", "1P", "--device", "host",
+            ],
+            "pinned staging pool of 1125899906842624 bytes (`staging_bytes`): host out of memory",
         ),
         (vec!["replay", &t, "--spread-waits"], "--spread-waits"),
         (

@@ -55,8 +55,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     tier.relocate = !args.no_relocate;
     tier.early_spills_pinned = !args.early_pageable;
     if let Some(p) = &args.pinned {
-        let pool: Budget = p
-            .parse()
+        let pool = Budget::parse_as(p, "pinned pool")
             .map_err(|e: String| anyhow::anyhow!(e))
             .context("--pinned")?;
         let peak = memcast_trace::stats::TraceStats::compute(&trace)?.peak_requested_bytes;

@@ -102,10 +102,7 @@ impl CudaBackend {
                 sys::cuMemHostAlloc(&mut p, size, sys::CU_MEMHOSTALLOC_PORTABLE)
             });
             if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-                return Err(BackendError::OutOfMemory {
-                    requested: bytes,
-                    available: 0,
-                });
+                return Err(BackendError::HostOutOfMemory { requested: bytes });
             }
             check("cuMemHostAlloc", r)?;
             self.host.insert(
@@ -123,10 +120,7 @@ impl CudaBackend {
             // freed once with the same layout (`deallocate_host` or `Drop`).
             let p = unsafe { std::alloc::alloc_zeroed(layout) };
             if p.is_null() {
-                return Err(BackendError::OutOfMemory {
-                    requested: bytes,
-                    available: 0,
-                });
+                return Err(BackendError::HostOutOfMemory { requested: bytes });
             }
             self.host.insert(
                 p as u64,

@@ -84,9 +84,12 @@ impl HostBackend {
         // `raw_free` or `Drop` (it is kept in `Region::raw`).
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         if p.is_null() {
-            return Err(BackendError::OutOfMemory {
-                requested: bytes,
-                available: 0,
+            return Err(match kind {
+                RegionKind::Host { .. } => BackendError::HostOutOfMemory { requested: bytes },
+                _ => BackendError::OutOfMemory {
+                    requested: bytes,
+                    available: 0,
+                },
             });
         }
         let base = (p as usize).next_multiple_of(ALIGN) as u64;

@@ -102,6 +102,10 @@ pub enum CopyKind {
 pub enum BackendError {
     #[error("device out of memory ({requested} bytes requested, {available} available)")]
     OutOfMemory { requested: u64, available: u64 },
+    /// A host buffer (pinned or pageable) could not be allocated. Not an out-of-memory
+    /// of the device: releasing device caches does not help it.
+    #[error("host out of memory ({requested} bytes requested)")]
+    HostOutOfMemory { requested: u64 },
     #[error("invalid argument: {0}")]
     Invalid(String),
     #[error("not supported by the {0} backend")]

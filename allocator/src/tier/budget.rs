@@ -20,8 +20,15 @@ impl std::str::FromStr for Budget {
     /// `123456` are bytes. A number with a point and no unit is a share, so it must be at
     /// most 1: `1.5` is an error, not 2 bytes.
     fn from_str(s: &str) -> Result<Self, String> {
+        Budget::parse_as(s, "budget")
+    }
+}
+
+impl Budget {
+    /// As `str::parse`, with errors that call the value `what` (`budget`, `pinned pool`).
+    pub fn parse_as(s: &str, what: &str) -> Result<Self, String> {
         let t = s.trim();
-        let bad = |why: String| format!("budget {s:?}: {why}; write {BUDGET_SYNTAX}");
+        let bad = |why: String| format!("{what} {s:?}: {why}; write {BUDGET_SYNTAX}");
         if let Some(p) = t.strip_suffix('%') {
             let v: f64 = p
                 .trim()

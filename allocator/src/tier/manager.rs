@@ -93,7 +93,13 @@ impl<B: DeviceBackend> TierManager<B> {
         prefetch: Box<dyn PrefetchPolicy>,
     ) -> Result<Self, TierError> {
         cfg.validate()?;
-        let staging = StagingPool::new(alloc.backend_mut(), cfg.staging_bytes)?;
+        let staging =
+            StagingPool::new(alloc.backend_mut(), cfg.staging_bytes).map_err(|source| {
+                TierError::Staging {
+                    bytes: cfg.staging_bytes,
+                    source,
+                }
+            })?;
         let pipe = Pipeline::new(alloc.backend_mut())?;
         // The drop-or-spill rule prices copies as the spill cost does, where it says how.
         let mut recompute = super::recompute::Recompute::default();

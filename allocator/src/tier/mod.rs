@@ -243,6 +243,13 @@ pub enum TierError {
     Backend(#[from] BackendError),
     #[error("tier configuration: {0}")]
     Config(String),
+    /// The pinned staging pool (`TierConfig::staging_bytes`) could not be allocated.
+    #[error("pinned staging pool of {bytes} bytes (`staging_bytes`): {source}")]
+    Staging {
+        bytes: u64,
+        #[source]
+        source: BackendError,
+    },
     /// `set_recomputable` refused: the tensor cannot be declared recomputable.
     #[error("tensor {handle} cannot be declared recomputable: {why}")]
     NotRecomputable {
