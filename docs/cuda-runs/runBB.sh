@@ -22,7 +22,8 @@ MEMCAST_REPLAY_ARGS="--pinned 25%" "$here/tier_replays_gpu.sh" $OUT/on $m valida
 MEMCAST_REPLAY_ARGS="--pinned 25% --early-pageable" "$here/tier_replays_gpu.sh" $OUT/off $m validation 0.6 100
 echo "total $(( $(date +%s) - start )) s"
 # The rule-off pass ran out of time before fcn_r50_multiscale_b8; a second call on the
-# same machine ran it with both settings (runBB2-*.jsonl):
+# same machine ran it with both settings (its lines are at the end of runBB-on.jsonl and
+# runBB-off.jsonl):
 #   m=training-data/corpus/manifest.tsv; r=training-data/corpus/runBB2.tsv; head -1 $m > $r
 #   grep -P '^validation/fcn_r50_multiscale_b8.mctrace\t' $m >> $r
 #   MEMCAST_REPLAY_ARGS="--pinned 25% --early-pageable" .gpu/tier_replays_gpu.sh $OUT/off $r validation 0.6 30

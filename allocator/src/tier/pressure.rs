@@ -155,10 +155,17 @@ impl<B: DeviceBackend> TierManager<B> {
             return Ok(0);
         }
         let mut cands = self.candidates(with_prefetched);
+        let n = cands.len();
         if pinned_only {
             cands.retain(|c| c.warm);
         }
+        // A batch the pool turned away, wholly or in part, counts once: the tensors it
+        // left out, and those `start_spill` refused once earlier ones took the room.
+        let (refused0, left_out) = (self.stats.early_spills_refused, cands.len() < n);
         if cands.is_empty() {
+            if left_out {
+                self.stats.early_spills_refused += 1;
+            }
             return Ok(0);
         }
         let now = self.alloc.backend().now_us();
@@ -180,6 +187,10 @@ impl<B: DeviceBackend> TierManager<B> {
             }
             let Some(c) = cands.get(i) else { continue };
             issued += self.spill_or_drop(c, sync)?;
+        }
+        if pinned_only {
+            let refused = left_out || self.stats.early_spills_refused > refused0;
+            self.stats.early_spills_refused = refused0 + u64::from(refused && issued < target);
         }
         Ok(issued)
     }

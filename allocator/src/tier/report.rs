@@ -114,8 +114,8 @@ pub struct TierReport {
     pub wasted_prefetches: u64,
     pub cancelled_spills: u64,
     pub sync_spills: u64,
-    /// Spills nothing waits for that the pinned pool had no room for (not issued):
-    /// tensors refused and watermark batches that found the pool full.
+    /// Spills nothing waits for that the pinned pool turned away (not issued): planned
+    /// spills, and batches (the watermark's, ahead of a forecast) cut short, one each.
     pub early_spills_refused: u64,
     /// Bytes copied to or from pageable host memory (what the pinned pool had no room
     /// for) and the host time inside those copies, which return only once done (part

@@ -3,8 +3,8 @@
 
 use serde::Serialize;
 
-/// What the tiering layer counted. A new time (`_us`) field also goes into
-/// [`TierStats::times_since`].
+/// What the tiering layer counted. A new field is also sorted into times or totals
+/// in [`TierStats::times_since`] (a compile error until it is).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct TierStats {
     /// Spills issued (device to host copies) and their bytes.
@@ -19,10 +19,11 @@ pub struct TierStats {
     /// wait counts (part of `stall_us`, not of `transfer_stall_us`).
     pub pageable_copied_bytes: u64,
     pub pageable_copy_us: f64,
-    /// Spills nothing waits for that were not issued for want of room in the pinned
-    /// pool (`TierConfig::early_spills_pinned`): a tensor refused, or a watermark
-    /// batch that found the pool full (one per such batch). Many of them say the pool
-    /// is smaller than what the policies would move early.
+    /// Spills nothing waits for that the pinned pool turned away
+    /// (`TierConfig::early_spills_pinned`): a planned spill refused, or a batch (the
+    /// watermark's, or ahead of a forecast) that issued less than it wanted because
+    /// the pool had no room for the rest (one per batch, whatever it left out). Many
+    /// of them say the pool is smaller than what the policies would move early.
     pub early_spills_refused: u64,
     /// Spills issued on the out-of-memory path (the caller waited for them).
     pub sync_spills: u64,
@@ -104,23 +105,63 @@ impl TierStats {
         }
     }
     /// These counters with the times spent since `earlier` (a copy taken before):
-    /// every `_us` field is the difference; counts and bytes stay totals.
+    /// every `_us` field is the difference; counts and bytes stay totals. The pattern
+    /// names every field, so a new one must be sorted into times or totals here.
     pub fn times_since(&self, earlier: &TierStats) -> TierStats {
+        let TierStats {
+            spills: _,
+            spilled_bytes: _,
+            spills_warm: _,
+            spills_cold: _,
+            pageable_copied_bytes: _,
+            early_spills_refused: _,
+            sync_spills: _,
+            cancelled_spills: _,
+            prefetches: _,
+            prefetched_bytes: _,
+            prefetch_hits: _,
+            prefetch_late: _,
+            prefetch_blocked: _,
+            faults: _,
+            fault_bytes: _,
+            prefetch_wasted: _,
+            transfer_failures: _,
+            host_alloc_failures: _,
+            ooms: _,
+            host_bytes: _,
+            peak_host_bytes: _,
+            accesses: _,
+            oom_spilled_bytes: _,
+            oom_windows: _,
+            relocations: _,
+            relocated_bytes: _,
+            drops: _,
+            dropped_bytes: _,
+            recomputes: _,
+            recomputed_bytes: _,
+            early_recomputes: _,
+            pageable_copy_us,
+            transfer_stall_us,
+            access_stall_us,
+            oom_wait_out_us,
+            oom_spill_us,
+            oom_wait_in_us,
+            oom_relocate_us,
+            late_prefetch_us,
+            fault_us,
+            recompute_us,
+        } = earlier;
         let mut s = self.clone();
-        for (now, then) in [
-            (&mut s.pageable_copy_us, earlier.pageable_copy_us),
-            (&mut s.transfer_stall_us, earlier.transfer_stall_us),
-            (&mut s.access_stall_us, earlier.access_stall_us),
-            (&mut s.oom_wait_out_us, earlier.oom_wait_out_us),
-            (&mut s.oom_spill_us, earlier.oom_spill_us),
-            (&mut s.oom_wait_in_us, earlier.oom_wait_in_us),
-            (&mut s.oom_relocate_us, earlier.oom_relocate_us),
-            (&mut s.late_prefetch_us, earlier.late_prefetch_us),
-            (&mut s.fault_us, earlier.fault_us),
-            (&mut s.recompute_us, earlier.recompute_us),
-        ] {
-            *now -= then;
-        }
+        s.pageable_copy_us -= pageable_copy_us;
+        s.transfer_stall_us -= transfer_stall_us;
+        s.access_stall_us -= access_stall_us;
+        s.oom_wait_out_us -= oom_wait_out_us;
+        s.oom_spill_us -= oom_spill_us;
+        s.oom_wait_in_us -= oom_wait_in_us;
+        s.oom_relocate_us -= oom_relocate_us;
+        s.late_prefetch_us -= late_prefetch_us;
+        s.fault_us -= fault_us;
+        s.recompute_us -= recompute_us;
         s
     }
 

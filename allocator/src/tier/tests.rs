@@ -508,6 +508,11 @@ fn early_spills_stay_in_the_pinned_pool_and_asked_for_ones_do_not() {
     let (on, off) = (run(true), run(false));
     let s = on.stats();
     assert!(s.spills_cold > 0, "the out-of-memory path still spills");
+    // No tensor fits the pool: the watermark's batches are turned away, each counted
+    // once (at most one batch per allocation: 24 registrations and the faults).
+    assert!(s.early_spills_refused > 0, "{s:?}");
+    assert!(s.early_spills_refused <= 24 + s.faults, "{s:?}");
+    assert_eq!(off.stats().early_spills_refused, 0);
     assert_eq!(
         s.spills_cold, s.sync_spills,
         "every pageable spill waited for: {s:?}"
