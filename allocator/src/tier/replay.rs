@@ -216,11 +216,9 @@ fn run<B: DeviceBackend>(
     let program = ops(trace, model);
     let mut live: HashMap<u64, TensorHandle> = HashMap::with_capacity(4096);
     let mut compute_us = 0.0;
-    let mut stall0 = None;
-    let mut setup_us = 0.0;
-    // The tier counters when the setup ended: its waits (spills of static blocks under
-    // a small budget) are taken off the stall's parts as its time is off the stall.
-    let mut at_setup_end = None;
+    // The stall and the tier counters when the setup ended: its time is not stall, and
+    // its waits (spills of static blocks under a small budget) are in no part of it.
+    let mut setup_end: Option<(f64, super::TierStats)> = None;
     let mut error = None;
     let mut n_ops = 0u64;
     let (mut reserved_time, mut frag_time, mut frag_span) = (0.0f64, 0.0f64, 0.0f64);
@@ -253,11 +251,9 @@ fn run<B: DeviceBackend>(
     };
     let oracle_plan = matches!(opts.predictive, Some((ReplayForecaster::Oracle, a)) if a.plan);
     for (i, op) in program.iter().enumerate() {
-        if op.event.is_some() && stall0.is_none() {
+        if op.event.is_some() && setup_end.is_none() {
             // Setup ends at the first trace event.
-            setup_us = m.backend().stall_us();
-            stall0 = Some(setup_us);
-            at_setup_end = Some(m.stats().clone());
+            setup_end = Some((m.backend().stall_us(), m.stats().clone()));
         }
         n_ops += 1;
         if let (Some(k), false) = (
@@ -403,12 +399,6 @@ fn run<B: DeviceBackend>(
                 .map_err(|e| bad(op.event, e.to_string()))?;
         }
     }
-    if stall0.is_none() {
-        // No trace event was reached (the setup failed, or there are none): all of it
-        // was setup, none of it stall.
-        setup_us = m.backend().stall_us();
-        at_setup_end = Some(m.stats().clone());
-    }
     if error.is_none() {
         let end = trace.events.len() as u64;
         let r = super::directives::run_due(
@@ -432,10 +422,10 @@ fn run<B: DeviceBackend>(
     if opts.check_every > 0 {
         m.check_invariants().map_err(|e| bad(None, e.to_string()))?;
     }
-    let s = match &at_setup_end {
-        Some(s0) => m.stats().times_since(s0),
-        None => m.stats().clone(),
-    };
+    // No trace event was reached (the setup failed, or there are none): all of it was
+    // setup, none of it stall.
+    let (setup_us, s0) = setup_end.unwrap_or_else(|| (m.backend().stall_us(), m.stats().clone()));
+    let s = m.stats().times_since(&s0);
     // Recomputes ran on the compute stream: the caller waited for them.
     let stall_us = m.backend().stall_us() - setup_us + s.recompute_us;
     let ahead_spills = m.demand().map_or(0, |d| d.ahead_spills);
