@@ -3,7 +3,7 @@
 //! time inside copies with pageable memory, which return only once the host buffer is
 //! no longer needed.
 
-use crate::backend::{BackendError, DeviceBackend, MemRef};
+use crate::backend::{BackendError, DeviceBackend, DevicePtr, MemRef};
 
 use super::handle::TensorHandle;
 use super::manager::TierManager;
@@ -14,36 +14,31 @@ use super::TierError;
 impl<B: DeviceBackend> TierManager<B> {
     pub(crate) fn release_host(&mut self, host: HostLoc) -> Result<(), TierError> {
         match host {
-            HostLoc::Warm { len, .. } => {
-                self.staging.release(host);
-                self.stats.host_bytes -= len;
-            }
-            HostLoc::Cold { ptr, len } => {
-                self.alloc.backend_mut().deallocate_host(ptr, len)?;
-                self.stats.host_bytes -= len;
-            }
+            HostLoc::Warm { .. } => self.staging.release(host),
+            HostLoc::Cold { ptr, len } => self.alloc.backend_mut().deallocate_host(ptr, len)?,
         }
+        self.stats.host_bytes -= host.len();
         Ok(())
     }
 
-    /// A range of the pinned staging pool for `bytes`, or `None` if it has no room.
-    pub(super) fn pinned_alloc(&mut self, bytes: u64) -> Option<HostLoc> {
-        let loc = self.staging.alloc(bytes)?;
+    /// Room in the pinned staging pool for `bytes`, or `None` if it has none; `split`:
+    /// two ranges may do where no single one does (`StagingPool::alloc`).
+    pub(super) fn pinned_alloc(&mut self, bytes: u64, split: bool) -> Option<HostLoc> {
+        let loc = self.staging.alloc(bytes, split)?;
         self.count_host(loc);
         Some(loc)
     }
 
     fn count_host(&mut self, loc: HostLoc) {
-        let len = match loc {
-            HostLoc::Warm { len, .. } | HostLoc::Cold { len, .. } => len,
-        };
-        self.stats.host_bytes += len;
+        self.stats.host_bytes += loc.len();
         self.stats.peak_host_bytes = self.stats.peak_host_bytes.max(self.stats.host_bytes);
     }
 
-    /// A host buffer for `bytes`: the staging pool if it has room, else pageable.
+    /// A host buffer for a spill that may go to pageable memory (the out-of-memory
+    /// path, an explicit spill, any spill with `early_spills_pinned` off): the staging
+    /// pool if it has room, in two ranges if need be, else pageable.
     pub(crate) fn host_alloc(&mut self, bytes: u64) -> Result<HostLoc, TierError> {
-        if let Some(loc) = self.pinned_alloc(bytes) {
+        if let Some(loc) = self.pinned_alloc(bytes, true) {
             return Ok(loc);
         }
         let len = bytes.max(1);
@@ -60,30 +55,44 @@ impl<B: DeviceBackend> TierManager<B> {
         }
     }
 
-    /// Queues a copy between the device and `host` on the pipeline's stream of `dir`.
-    /// A copy with pageable memory returns only once the host buffer is no longer
-    /// needed (to pageable memory: once done; from it: once staged through the driver's
-    /// own pinned buffer), so the host time inside the call is counted:
-    /// `pageable_copy_us` and the bytes. Cost: two clock reads for such a
-    /// copy, none for a pinned one.
+    /// Queues a copy of `bytes` between device memory at `dev` and `host`, out of the
+    /// device or into it (`dir`), on the pipeline's stream of that direction: one copy
+    /// per range of `host` (two for a pinned copy split over two ranges, one event
+    /// after both). A copy with pageable memory returns only once the host buffer is no
+    /// longer needed (to pageable memory: once done; from it: once staged through the
+    /// driver's own pinned buffer), so the host time inside the call is counted:
+    /// `pageable_copy_us` and the bytes. Cost: two clock reads for such a copy, none
+    /// for a pinned one.
     pub(super) fn issue_copy(
         &mut self,
         dir: Direction,
         h: TensorHandle,
-        dst: MemRef,
-        src: MemRef,
-        bytes: u64,
+        dev: DevicePtr,
         host: HostLoc,
+        bytes: u64,
     ) -> Result<TransferId, BackendError> {
+        let mut parts = [(MemRef::Device(dev), MemRef::Device(dev), 0u64); 2];
+        let mut n = 0;
+        let mut at = 0;
+        for (ptr, len) in host.parts() {
+            let len = len.min(bytes - at);
+            if len == 0 {
+                break;
+            }
+            let (d, hp) = (MemRef::Device(dev.offset(at)), MemRef::Host(ptr));
+            parts[n] = match dir {
+                Direction::Out => (hp, d, len),
+                Direction::In => (d, hp, len),
+            };
+            n += 1;
+            at += len;
+        }
+        let parts = &parts[..n];
         if host.is_warm() {
-            return self
-                .pipe
-                .issue(self.alloc.backend_mut(), dir, h, dst, src, bytes);
+            return self.pipe.issue(self.alloc.backend_mut(), dir, h, parts);
         }
         let t0 = self.alloc.backend().now_us();
-        let r = self
-            .pipe
-            .issue(self.alloc.backend_mut(), dir, h, dst, src, bytes);
+        let r = self.pipe.issue(self.alloc.backend_mut(), dir, h, parts);
         self.stats.pageable_copy_us += self.alloc.backend().now_us() - t0;
         if r.is_ok() {
             self.stats.pageable_copied_bytes += bytes;

@@ -12,7 +12,7 @@
 //! `allocator requested bytes == sum of device bytes of live tensors + device bytes of
 //! orphaned transfers`, and every tensor is in exactly one [`Place`].
 
-use crate::backend::{DeviceBackend, DevicePtr, MemRef};
+use crate::backend::{DeviceBackend, DevicePtr};
 use crate::pool::{Allocation, Allocator};
 
 use super::handle::{Entry, Place, Registry, TensorHandle, TensorKey, MAX_K};
@@ -531,7 +531,9 @@ impl<B: DeviceBackend> TierManager<B> {
             return Ok(false);
         }
         let host = if pinned_only {
-            match self.pinned_alloc(bytes) {
+            // One range only: a split would let early spills take the room scattered
+            // between ranges, which the spills that must go now then lack.
+            match self.pinned_alloc(bytes, false) {
                 Some(l) => l,
                 None => {
                     self.stats.early_spills_refused += 1;
@@ -544,14 +546,7 @@ impl<B: DeviceBackend> TierManager<B> {
                 Err(_) => return Ok(false),
             }
         };
-        let r = self.issue_copy(
-            Direction::Out,
-            h,
-            host.mem(),
-            MemRef::Device(alloc.ptr),
-            bytes,
-            host,
-        );
+        let r = self.issue_copy(Direction::Out, h, alloc.ptr, host, bytes);
         let transfer = match r {
             Ok(t) => t,
             Err(_) => {
@@ -592,14 +587,7 @@ impl<B: DeviceBackend> TierManager<B> {
             Err(crate::error::AllocError::OutOfMemory { .. }) => return Ok(false),
             Err(e) => return Err(e.into()),
         };
-        let r = self.issue_copy(
-            Direction::In,
-            h,
-            MemRef::Device(alloc.ptr),
-            host.mem(),
-            bytes,
-            host,
-        );
+        let r = self.issue_copy(Direction::In, h, alloc.ptr, host, bytes);
         match r {
             Ok(transfer) => {
                 let e = self.reg.get_mut(h)?;
@@ -633,14 +621,7 @@ impl<B: DeviceBackend> TierManager<B> {
         self.stats.faults += 1;
         self.stats.fault_bytes += bytes;
         let alloc = self.device_alloc(bytes)?;
-        let r = self.issue_copy(
-            Direction::In,
-            h,
-            MemRef::Device(alloc.ptr),
-            host.mem(),
-            bytes,
-            host,
-        );
+        let r = self.issue_copy(Direction::In, h, alloc.ptr, host, bytes);
         let transfer = match r {
             Ok(t) => t,
             Err(source) => {

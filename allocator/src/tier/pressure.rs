@@ -355,7 +355,7 @@ impl<B: DeviceBackend> TierManager<B> {
                     device += a.size;
                 }
                 if let Some(hl) = hl {
-                    host += host_len(&hl);
+                    host += hl.len();
                 }
             }
         }
@@ -388,7 +388,7 @@ impl<B: DeviceBackend> TierManager<B> {
                 device += a.size;
             }
             if let Some(hl) = e.place.host() {
-                host += host_len(&hl);
+                host += hl.len();
             }
             if let Place::SpillingOut { transfer, .. } | Place::PrefetchingIn { transfer, .. } =
                 e.place
@@ -453,14 +453,6 @@ impl<B: DeviceBackend> TierManager<B> {
             ));
         }
         Ok(())
-    }
-}
-
-fn host_len(h: &super::staging::HostLoc) -> u64 {
-    match *h {
-        super::staging::HostLoc::Warm { len, .. } | super::staging::HostLoc::Cold { len, .. } => {
-            len
-        }
     }
 }
 

@@ -6,13 +6,15 @@
 //!
 //! The pool is a first-fit range allocator over offsets with coalescing of free
 //! neighbours (a `BTreeMap` of free ranges): `alloc` is O(free ranges), `free`
-//! O(log free ranges). Ranges are multiples of [`ALIGN`].
+//! O(log free ranges). Ranges are multiples of [`ALIGN`]. A copy that no single free
+//! range holds, where the pool has room in total, takes two ranges (the largest free
+//! one and a first fit for the rest) and is copied in two parts.
 //!
 //! Invariant: `free_bytes + used_bytes == size`, free ranges never touch or overlap.
 
 use std::collections::BTreeMap;
 
-use crate::backend::{BackendError, DeviceBackend, HostPtr, MemRef};
+use crate::backend::{BackendError, DeviceBackend, HostPtr};
 
 /// Alignment of staging ranges (a DMA-friendly 4 KiB page).
 pub const ALIGN: u64 = 4096;
@@ -20,20 +22,43 @@ pub const ALIGN: u64 = 4096;
 /// Where a host copy lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HostLoc {
-    /// A range of the pinned staging pool.
-    Warm { ptr: HostPtr, len: u64 },
+    /// Pinned: `len` bytes of the staging pool, the first `head` at `ptr` and, where
+    /// the pool had room for `len` but no single range, the rest at `tail`.
+    // Invariant: 0 < head <= len; head == len (one range) or the rest, len - head
+    // bytes, is a second range at `tail`.
+    Warm {
+        ptr: HostPtr,
+        len: u64,
+        head: u64,
+        tail: HostPtr,
+    },
     /// Its own pageable buffer.
     Cold { ptr: HostPtr, len: u64 },
 }
 
 impl HostLoc {
-    pub fn mem(&self) -> MemRef {
-        match *self {
-            HostLoc::Warm { ptr, .. } | HostLoc::Cold { ptr, .. } => MemRef::Host(ptr),
-        }
+    /// The host ranges, in the tensor's byte order: one, or two for a pinned copy
+    /// split over two ranges of the pool.
+    pub fn parts(&self) -> impl Iterator<Item = (HostPtr, u64)> {
+        let (a, b) = match *self {
+            HostLoc::Warm {
+                ptr,
+                len,
+                head,
+                tail,
+            } => ((ptr, head), (tail, len - head)),
+            HostLoc::Cold { ptr, len } => ((ptr, len), (ptr, 0)),
+        };
+        [a, b].into_iter().filter(|&(_, n)| n > 0)
     }
     pub fn is_warm(&self) -> bool {
         matches!(self, HostLoc::Warm { .. })
+    }
+    /// Bytes held (both ranges of a split one).
+    pub fn len(&self) -> u64 {
+        match *self {
+            HostLoc::Warm { len, .. } | HostLoc::Cold { len, .. } => len,
+        }
     }
 }
 
@@ -76,32 +101,71 @@ impl StagingPool {
         self.free_bytes
     }
 
-    /// A range for `bytes`, or `None` if no free range is large enough (first fit).
-    pub fn alloc(&mut self, bytes: u64) -> Option<HostLoc> {
+    /// Room for `bytes`: the first free range that holds them (first fit) or, with
+    /// `split` where none does but the pool has room in total, the largest free range
+    /// and the first that holds the rest (the copy then goes in two parts); `None` if
+    /// neither. A split is only made where the pool's free bytes are scattered: a large
+    /// tensor the out-of-memory path must spill would otherwise go to pageable memory,
+    /// whose copies hold the host. Cost: O(free ranges).
+    pub fn alloc(&mut self, bytes: u64, split: bool) -> Option<HostLoc> {
         let base = self.base?;
         let len = bytes.max(1).next_multiple_of(ALIGN);
         if len > self.free_bytes {
             return None;
         }
-        let (&off, &flen) = self.free.iter().find(|(_, &l)| l >= len)?;
+        if let Some(off) = self.take(len, None) {
+            return Some(HostLoc::Warm {
+                ptr: HostPtr(base.0 + off),
+                len,
+                head: len,
+                tail: HostPtr(base.0 + off),
+            });
+        }
+        if !split {
+            return None;
+        }
+        let (&big, &head) = self
+            .free
+            .iter()
+            .max_by_key(|&(&o, &l)| (l, std::cmp::Reverse(o)))?;
+        let rest = self.take(len - head, Some(big))?;
+        self.free.remove(&big);
+        self.free_bytes -= head;
+        Some(HostLoc::Warm {
+            ptr: HostPtr(base.0 + big),
+            len,
+            head,
+            tail: HostPtr(base.0 + rest),
+        })
+    }
+
+    /// Takes `len` bytes from the first free range that holds them (other than the
+    /// one at `skip`); its offset.
+    fn take(&mut self, len: u64, skip: Option<u64>) -> Option<u64> {
+        let (&off, &flen) = self
+            .free
+            .iter()
+            .find(|&(&o, &l)| l >= len && Some(o) != skip)?;
         self.free.remove(&off);
         if flen > len {
             self.free.insert(off + len, flen - len);
         }
         self.free_bytes -= len;
-        Some(HostLoc::Warm {
-            ptr: HostPtr(base.0 + off),
-            len,
-        })
+        Some(off)
     }
 
-    /// Returns a range from [`StagingPool::alloc`].
+    /// Returns the ranges of a copy from [`StagingPool::alloc`].
     pub fn release(&mut self, loc: HostLoc) {
-        let (HostLoc::Warm { ptr, len }, Some(base)) = (loc, self.base) else {
+        let (HostLoc::Warm { .. }, Some(base)) = (loc, self.base) else {
             return;
         };
-        let mut off = ptr.0 - base.0;
-        let mut len = len;
+        for (ptr, len) in loc.parts() {
+            self.release_range(ptr.0 - base.0, len);
+        }
+    }
+
+    fn release_range(&mut self, off: u64, len: u64) {
+        let (mut off, mut len, freed) = (off, len, len);
         // Merge with the following free range.
         if let Some(&next) = self.free.get(&(off + len)) {
             self.free.remove(&(off + len));
@@ -116,7 +180,7 @@ impl StagingPool {
             }
         }
         self.free.insert(off, len);
-        self.free_bytes += loc_len(&loc);
+        self.free_bytes += freed;
     }
 
     /// Gives the pinned buffer back (at shutdown).
@@ -158,12 +222,6 @@ impl StagingPool {
     }
 }
 
-fn loc_len(l: &HostLoc) -> u64 {
-    match *l {
-        HostLoc::Warm { len, .. } | HostLoc::Cold { len, .. } => len,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,21 +231,48 @@ mod tests {
     fn ranges_are_reused_and_coalesced() {
         let mut b = HostBackend::new(1 << 20);
         let mut p = StagingPool::new(&mut b, 64 << 10).unwrap();
-        let a = p.alloc(5000).unwrap();
-        let c = p.alloc(4096).unwrap();
-        let d = p.alloc(40 << 10).unwrap();
-        assert!(p.alloc(16 << 10).is_none());
+        let a = p.alloc(5000, true).unwrap();
+        let c = p.alloc(4096, true).unwrap();
+        let d = p.alloc(40 << 10, true).unwrap();
+        assert!(p.alloc(16 << 10, true).is_none());
         assert_eq!(p.free_bytes(), (64 << 10) - 8192 - 4096 - (40 << 10));
         p.release(c);
         p.release(a);
         p.check_invariants().unwrap();
         // a and c merged: 12 KiB contiguous again.
-        let e = p.alloc(12 << 10).unwrap();
+        let e = p.alloc(12 << 10, true).unwrap();
         p.release(e);
         p.release(d);
         p.check_invariants().unwrap();
         assert_eq!(p.free_bytes(), 64 << 10);
-        assert!(p.alloc(64 << 10).is_some());
+        assert!(p.alloc(64 << 10, true).is_some());
+        p.destroy(&mut b).unwrap();
+    }
+
+    #[test]
+    fn room_in_two_ranges_is_taken_in_two_parts_and_given_back() {
+        let mut b = HostBackend::new(1 << 20);
+        let mut p = StagingPool::new(&mut b, 64 << 10).unwrap();
+        let q: Vec<_> = (0..4).map(|_| p.alloc(16 << 10, true).unwrap()).collect();
+        p.release(q[0]);
+        p.release(q[2]);
+        // 32 KiB free in two ranges of 16: a split copy, the largest range first.
+        let s = p.alloc(20 << 10, true).unwrap();
+        let parts: Vec<_> = s.parts().collect();
+        assert_eq!(parts.len(), 2, "{s:?}");
+        assert_eq!((parts[0].1, parts[1].1), (16 << 10, 4 << 10));
+        assert_eq!(s.len(), 20 << 10);
+        assert_eq!(p.free_bytes(), 12 << 10);
+        p.check_invariants().unwrap();
+        // More than the pool has free: nothing taken.
+        assert!(p.alloc(16 << 10, true).is_none());
+        assert_eq!(p.free_bytes(), 12 << 10);
+        p.release(s);
+        p.release(q[1]);
+        p.release(q[3]);
+        p.check_invariants().unwrap();
+        assert_eq!(p.free_bytes(), 64 << 10);
+        assert_eq!(p.alloc(64 << 10, true).unwrap().parts().count(), 1);
         p.destroy(&mut b).unwrap();
     }
 }

@@ -99,25 +99,31 @@ impl Pipeline {
         self.out.len() + self.inn.len()
     }
 
-    /// Queues a copy of `bytes` from `src` to `dst` for tensor `handle`. On error
-    /// nothing was queued (the event is destroyed again).
+    /// Queues the copies `parts` (`(dst, src, bytes)`, one transfer: a tensor whose
+    /// host copy is in two ranges) for tensor `handle`, one event after the last. On
+    /// error nothing is in flight (the event is destroyed again; parts already queued
+    /// are waited for, so that their buffers are safe to release).
     pub fn issue<B: DeviceBackend + ?Sized>(
         &mut self,
         backend: &mut B,
         dir: Direction,
         handle: TensorHandle,
-        dst: MemRef,
-        src: MemRef,
-        bytes: u64,
+        parts: &[(MemRef, MemRef, u64)],
     ) -> Result<TransferId, BackendError> {
         let stream = match dir {
             Direction::Out => self.out_stream,
             Direction::In => self.in_stream,
         };
+        let bytes = parts.iter().map(|p| p.2).sum();
         let event = backend.create_event()?;
-        if let Err(e) = backend.copy(dst, src, bytes, Some(stream)) {
-            let _ = backend.destroy_event(event);
-            return Err(e);
+        for (i, &(dst, src, n)) in parts.iter().enumerate() {
+            if let Err(e) = backend.copy(dst, src, n, Some(stream)) {
+                let _ = backend.destroy_event(event);
+                if i > 0 {
+                    backend.synchronize_stream(stream)?;
+                }
+                return Err(e);
+            }
         }
         if let Err(e) = backend.record_event(event, stream) {
             // The copy is queued but cannot be tracked: wait for it here so that its
