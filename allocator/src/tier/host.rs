@@ -17,7 +17,7 @@ impl<B: DeviceBackend> TierManager<B> {
             HostLoc::Warm { .. } => self.staging.release(host),
             HostLoc::Cold { ptr, len } => self.alloc.backend_mut().deallocate_host(ptr, len)?,
         }
-        self.stats.host_bytes -= host.len();
+        self.stats.host_bytes -= host.bytes();
         Ok(())
     }
 
@@ -30,7 +30,7 @@ impl<B: DeviceBackend> TierManager<B> {
     }
 
     fn count_host(&mut self, loc: HostLoc) {
-        self.stats.host_bytes += loc.len();
+        self.stats.host_bytes += loc.bytes();
         self.stats.peak_host_bytes = self.stats.peak_host_bytes.max(self.stats.host_bytes);
     }
 

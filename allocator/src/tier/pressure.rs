@@ -355,7 +355,7 @@ impl<B: DeviceBackend> TierManager<B> {
                     device += a.size;
                 }
                 if let Some(hl) = hl {
-                    host += hl.len();
+                    host += hl.bytes();
                 }
             }
         }
@@ -388,7 +388,7 @@ impl<B: DeviceBackend> TierManager<B> {
                 device += a.size;
             }
             if let Some(hl) = e.place.host() {
-                host += hl.len();
+                host += hl.bytes();
             }
             if let Place::SpillingOut { transfer, .. } | Place::PrefetchingIn { transfer, .. } =
                 e.place

@@ -55,7 +55,7 @@ impl HostLoc {
         matches!(self, HostLoc::Warm { .. })
     }
     /// Bytes held (both ranges of a split one).
-    pub fn len(&self) -> u64 {
+    pub fn bytes(&self) -> u64 {
         match *self {
             HostLoc::Warm { len, .. } | HostLoc::Cold { len, .. } => len,
         }
@@ -261,7 +261,7 @@ mod tests {
         let parts: Vec<_> = s.parts().collect();
         assert_eq!(parts.len(), 2, "{s:?}");
         assert_eq!((parts[0].1, parts[1].1), (16 << 10, 4 << 10));
-        assert_eq!(s.len(), 20 << 10);
+        assert_eq!(s.bytes(), 20 << 10);
         assert_eq!(p.free_bytes(), 12 << 10);
         p.check_invariants().unwrap();
         // More than the pool has free: nothing taken.
