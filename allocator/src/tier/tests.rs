@@ -688,7 +688,7 @@ fn a_prefetch_from_pageable_memory_is_a_miss_not_a_hit() {
 fn a_copy_the_pool_holds_only_in_two_ranges_is_split_over_them() {
     let (mut m, _) = manager_with_pool(1, 256 << 10);
     let kib = 1u64 << 10;
-    let mut put = |m: &mut TierManager<TestBackend>, seed: u64, bytes: u64| {
+    let put = |m: &mut TierManager<TestBackend>, seed: u64, bytes: u64| {
         let h = m.register(bytes, TensorOpts::default()).unwrap();
         write(m, h, &pattern(seed, bytes)).unwrap();
         h

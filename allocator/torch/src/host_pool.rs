@@ -86,8 +86,9 @@ pub fn create(device: i32, bytes: u64) -> Result<(), TorchError> {
 pub fn alloc(device: i32, bytes: u64) -> Result<Option<u64>, TorchError> {
     let mut g = slot(device)?;
     let p = g.as_mut().ok_or_else(|| no_pool(device))?;
-    match p.pool.alloc(bytes) {
-        Some(HostLoc::Warm { ptr, len }) => {
+    // One range: the caller gets one address.
+    match p.pool.alloc(bytes, false) {
+        Some(HostLoc::Warm { ptr, len, .. }) => {
             p.ranges.insert(ptr.0, len);
             p.used += len;
             p.peak_used = p.peak_used.max(p.used);
@@ -113,9 +114,12 @@ pub fn release(device: i32, ptr: u64) -> Result<(), TorchError> {
             "{ptr:#x} is not a range of device {device}'s pinned host pool"
         ))
     })?;
+    let ptr = memcast_alloc::backend::HostPtr(ptr);
     p.pool.release(HostLoc::Warm {
-        ptr: memcast_alloc::backend::HostPtr(ptr),
+        ptr,
         len,
+        head: len,
+        tail: ptr,
     });
     p.used -= len;
     Ok(())
