@@ -34,11 +34,11 @@ impl<B: DeviceBackend> TierManager<B> {
         self.stats.peak_host_bytes = self.stats.peak_host_bytes.max(self.stats.host_bytes);
     }
 
-    /// A host buffer for a spill that may go to pageable memory (the out-of-memory
-    /// path, an explicit spill, any spill with `early_spills_pinned` off): the staging
-    /// pool if it has room, in two ranges if need be, else pageable.
-    pub(crate) fn host_alloc(&mut self, bytes: u64) -> Result<HostLoc, TierError> {
-        if let Some(loc) = self.pinned_alloc(bytes, true) {
+    /// A host buffer for a spill that may go to pageable memory: the staging pool if
+    /// it has room (in two ranges if need be, with `split`: a spill the caller waits
+    /// for or asked for), else pageable.
+    pub(crate) fn host_alloc(&mut self, bytes: u64, split: bool) -> Result<HostLoc, TierError> {
+        if let Some(loc) = self.pinned_alloc(bytes, split) {
             return Ok(loc);
         }
         let len = bytes.max(1);

@@ -541,7 +541,7 @@ impl<B: DeviceBackend> TierManager<B> {
                 }
             }
         } else {
-            match self.host_alloc(bytes) {
+            match self.host_alloc(bytes, !early) {
                 Ok(l) => l,
                 Err(_) => return Ok(false),
             }
