@@ -89,3 +89,102 @@ fn relocation_program<B: DeviceBackend>(backend: B) -> serde_json::Value {
         "backend": m.backend_mut().name(),
     })
 }
+
+/// A spill the pinned pool holds only in two ranges (`StagingPool::alloc(bytes, true)`)
+/// on the device: four 1 MiB tensors fill a 4 MiB pool; the first and third are freed
+/// (2 MiB free, no range above 1 MiB); a 2 MiB tensor is spilled in two parts, each its
+/// own `cuMemcpyDtoHAsync` on one stream, into pinned memory and no pageable byte;
+/// another 2 MiB tensor is then written on the device, where the first one's block was,
+/// so that the spilled bytes can come back only from the two host ranges, and do.
+#[test]
+fn a_spill_in_two_ranges_of_the_pinned_pool_keeps_its_bytes() {
+    let Some(g) = gpu() else {
+        return;
+    };
+    let v = split_spill_program(g);
+    report(
+        "a_spill_in_two_ranges_of_the_pinned_pool_keeps_its_bytes",
+        v,
+    );
+}
+
+/// The same program on host memory, where no GPU is.
+#[test]
+fn split_spill_program_on_host_memory() {
+    split_spill_program(HostBackend::new(64 * MIB));
+}
+
+fn split_spill_program<B: DeviceBackend>(backend: B) -> serde_json::Value {
+    let device = 16 * MIB;
+    let cfg = AllocConfig {
+        growable_segments: false,
+        ..AllocConfig::default()
+    };
+    let alloc = Allocator::new(Limit::new(backend, device), cfg).unwrap();
+    let tiers = TierConfig {
+        budget: device,
+        // Only the explicit spills move tensors out, and nothing comes back before its
+        // access.
+        high_watermark: 1.0,
+        low_watermark: 1.0,
+        prefetch_watermark: 0.01,
+        staging_bytes: 4 * MIB,
+        ..TierConfig::default()
+    };
+    let mut m = TierManager::new(alloc, tiers).unwrap();
+    let fill = |i: u64, bytes: u64| -> Vec<u8> {
+        (0..bytes)
+            .map(|k| (k.wrapping_mul(31).wrapping_add(i * 97) >> 3) as u8)
+            .collect()
+    };
+    let put = |m: &mut TierManager<Limit<B>>, i: u64, bytes: u64| {
+        let h = m.register(bytes, TensorOpts::default()).unwrap();
+        let p = m.access(h, true).unwrap();
+        m.backend_mut()
+            .write(MemRef::Device(p), &fill(i, bytes))
+            .unwrap();
+        m.end_step();
+        h
+    };
+    let small: Vec<_> = (0..4).map(|i| put(&mut m, i, MIB)).collect();
+    for &h in &small {
+        assert!(m.spill(h).unwrap());
+    }
+    m.synchronize().unwrap();
+    assert_eq!(m.stats().spills_warm, 4, "the four fill the pool");
+    m.free(small[0]).unwrap();
+    m.free(small[2]).unwrap();
+    let big = put(&mut m, 9, 2 * MIB);
+    assert!(m.spill(big).unwrap());
+    m.synchronize().unwrap();
+    let s = m.stats().clone();
+    assert_eq!((s.spills_warm, s.spills_cold), (5, 0), "{s:?}");
+    assert_eq!(s.pageable_copied_bytes, 0);
+    m.check_invariants().unwrap();
+    let _over = put(&mut m, 10, 2 * MIB);
+    let read = |m: &mut TierManager<Limit<B>>, h| {
+        let n = m.bytes(h).unwrap();
+        let p = m.access(h, false).unwrap();
+        let mut got = vec![0u8; n as usize];
+        m.backend_mut().read(MemRef::Device(p), &mut got).unwrap();
+        m.end_step();
+        got
+    };
+    assert_eq!(
+        read(&mut m, big),
+        fill(9, 2 * MIB),
+        "the split tensor's bytes"
+    );
+    assert_eq!(read(&mut m, small[1]), fill(1, MIB));
+    assert_eq!(read(&mut m, small[3]), fill(3, MIB));
+    m.check_invariants().unwrap();
+    let s = m.stats();
+    assert_eq!(s.faults, 3, "each came back at its access: {s:?}");
+    serde_json::json!({
+        "spills_warm": s.spills_warm,
+        "pageable_copied_bytes": s.pageable_copied_bytes,
+        "faults": s.faults,
+        "transfer_stall_us": s.transfer_stall_us,
+        "backend": m.backend_mut().name(),
+    })
+}
