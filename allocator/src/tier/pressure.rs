@@ -343,6 +343,10 @@ impl<B: DeviceBackend> TierManager<B> {
         let mut device = 0u64;
         let mut releasing = 0u64;
         let mut host = 0u64;
+        // Bytes of the pinned pool held by tensors and by copies whose buffers are
+        // released when they land: the manager owns the pool alone, so exactly those
+        // in use.
+        let mut warm = 0u64;
         let mut in_flight = std::collections::HashMap::new();
         for f in self.pipe.iter() {
             in_flight.insert(f.id, *f);
@@ -356,6 +360,7 @@ impl<B: DeviceBackend> TierManager<B> {
                 }
                 if let Some(hl) = hl {
                     host += hl.bytes();
+                    warm += self.held_warm(&hl)?;
                 }
             }
         }
@@ -389,6 +394,7 @@ impl<B: DeviceBackend> TierManager<B> {
             }
             if let Some(hl) = e.place.host() {
                 host += hl.bytes();
+                warm += self.held_warm(&hl)?;
             }
             if let Place::SpillingOut { transfer, .. } | Place::PrefetchingIn { transfer, .. } =
                 e.place
@@ -447,12 +453,18 @@ impl<B: DeviceBackend> TierManager<B> {
             ));
         }
         let warm_used = self.staging.size() - self.staging.free_bytes();
-        if warm_used > host {
+        if warm_used != warm {
             return bad(format!(
-                "staging has {warm_used} bytes in use, only {host} host bytes held"
+                "staging has {warm_used} bytes in use, tensors and copies hold {warm}"
             ));
         }
         Ok(())
+    }
+
+    /// The pinned bytes `loc` holds (0 for pageable memory), checked against the pool.
+    fn held_warm(&self, loc: &super::staging::HostLoc) -> Result<u64, TierError> {
+        self.staging.check_loc(loc).map_err(TierError::Invariant)?;
+        Ok(if loc.is_warm() { loc.bytes() } else { 0 })
     }
 }
 

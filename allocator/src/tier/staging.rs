@@ -37,6 +37,16 @@ pub enum HostLoc {
 }
 
 impl HostLoc {
+    /// `len` bytes of the staging pool in one range at `ptr`.
+    pub fn warm(ptr: HostPtr, len: u64) -> HostLoc {
+        HostLoc::Warm {
+            ptr,
+            len,
+            head: len,
+            tail: ptr,
+        }
+    }
+
     /// The host ranges, in the tensor's byte order: one, or two for a pinned copy
     /// split over two ranges of the pool.
     pub fn parts(&self) -> impl Iterator<Item = (HostPtr, u64)> {
@@ -114,12 +124,7 @@ impl StagingPool {
             return None;
         }
         if let Some(off) = self.take(len, None) {
-            return Some(HostLoc::Warm {
-                ptr: HostPtr(base.0 + off),
-                len,
-                head: len,
-                tail: HostPtr(base.0 + off),
-            });
+            return Some(HostLoc::warm(HostPtr(base.0 + off), len));
         }
         if !split {
             return None;
@@ -181,6 +186,42 @@ impl StagingPool {
         }
         self.free.insert(off, len);
         self.free_bytes += freed;
+    }
+
+    /// Checks a location handed out by [`StagingPool::alloc`] and not released: its
+    /// ranges lie in the pool, are aligned, and overlap neither each other nor a free
+    /// range. (Its owner checks that the locations it holds sum to the bytes in use.)
+    /// O(log free ranges).
+    pub fn check_loc(&self, loc: &HostLoc) -> Result<(), String> {
+        let HostLoc::Warm { len, head, .. } = *loc else {
+            return Ok(());
+        };
+        let Some(base) = self.base else {
+            return Err(format!("staging: {loc:?} held, but there is no pool"));
+        };
+        if head == 0 || head > len || head % ALIGN != 0 || len % ALIGN != 0 {
+            return Err(format!("staging: bad split {loc:?}"));
+        }
+        let mut parts = loc.parts().map(|(p, n)| (p.0.wrapping_sub(base.0), n));
+        let (first, second) = (parts.next(), parts.next());
+        for (off, n) in first.into_iter().chain(second) {
+            if off >= self.size || n > self.size - off {
+                return Err(format!("staging: {loc:?} lies outside the pool"));
+            }
+            if let Some((&f, &flen)) = self.free.range(..off + n).next_back() {
+                if f + flen > off {
+                    return Err(format!(
+                        "staging: {loc:?} overlaps the free range {f}+{flen}"
+                    ));
+                }
+            }
+        }
+        if let (Some((a, an)), Some((b, bn))) = (first, second) {
+            if a < b + bn && b < a + an {
+                return Err(format!("staging: the two ranges of {loc:?} overlap"));
+            }
+        }
+        Ok(())
     }
 
     /// Gives the pinned buffer back (at shutdown).
@@ -267,7 +308,32 @@ mod tests {
         // More than the pool has free: nothing taken.
         assert!(p.alloc(16 << 10, true).is_none());
         assert_eq!(p.free_bytes(), 12 << 10);
+        for l in [s, q[1], q[3]] {
+            p.check_loc(&l).unwrap();
+        }
+        // Locations no allocation made: the check names each.
+        let HostLoc::Warm { ptr, tail, .. } = s else {
+            unreachable!()
+        };
+        let bad = |loc: HostLoc| p.check_loc(&loc).unwrap_err();
+        assert!(bad(HostLoc::Warm {
+            ptr,
+            len: 20 << 10,
+            head: 0,
+            tail
+        })
+        .contains("bad split"));
+        assert!(bad(HostLoc::Warm {
+            ptr,
+            len: 20 << 10,
+            head: 8 << 10,
+            tail: ptr
+        })
+        .contains("two ranges"));
+        assert!(bad(HostLoc::warm(HostPtr(ptr.0 + (60 << 10)), 8 << 10)).contains("outside"));
         p.release(s);
+        // Released: its ranges are free now.
+        assert!(p.check_loc(&s).unwrap_err().contains("free range"));
         p.release(q[1]);
         p.release(q[3]);
         p.check_invariants().unwrap();

@@ -114,13 +114,8 @@ pub fn release(device: i32, ptr: u64) -> Result<(), TorchError> {
             "{ptr:#x} is not a range of device {device}'s pinned host pool"
         ))
     })?;
-    let ptr = memcast_alloc::backend::HostPtr(ptr);
-    p.pool.release(HostLoc::Warm {
-        ptr,
-        len,
-        head: len,
-        tail: ptr,
-    });
+    p.pool
+        .release(HostLoc::warm(memcast_alloc::backend::HostPtr(ptr), len));
     p.used -= len;
     Ok(())
 }
