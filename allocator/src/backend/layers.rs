@@ -242,6 +242,9 @@ pub struct FailPlan {
     pub fail_next_maps: u64,
     /// Fail this many of the next copies.
     pub fail_next_copies: u64,
+    /// Let this many copies through before `fail_next_copies` fail (the second part
+    /// of a transfer in two parts, say).
+    pub pass_copies: u64,
     /// Fail this many of the next host-buffer allocations.
     pub fail_next_host_allocs: u64,
     /// How many failures were injected so far.
@@ -265,6 +268,12 @@ impl FailSwitch {
     }
     pub fn fail_next_copies(&self, n: u64) {
         self.plan().fail_next_copies = n;
+    }
+    /// Fails `n` copies after letting the next `pass` through.
+    pub fn fail_copies_after(&self, pass: u64, n: u64) {
+        let mut p = self.plan();
+        p.pass_copies = pass;
+        p.fail_next_copies = n;
     }
     pub fn fail_next_host_allocs(&self, n: u64) {
         self.plan().fail_next_host_allocs = n;
@@ -372,10 +381,20 @@ impl<B: DeviceBackend> FailView<'_, B> {
         bytes: u64,
         stream: Option<StreamId>,
     ) -> Result<(), BackendError> {
-        self.0.injected(
-            |p| &mut p.fail_next_copies,
-            || format!("copy of {bytes} bytes"),
-        )?;
+        let pass = {
+            let mut p = self.0.switch.plan();
+            let pass = p.pass_copies > 0 && p.fail_next_copies > 0;
+            if pass {
+                p.pass_copies -= 1;
+            }
+            pass
+        };
+        if !pass {
+            self.0.injected(
+                |p| &mut p.fail_next_copies,
+                || format!("copy of {bytes} bytes"),
+            )?;
+        }
         self.0.inner.copy(dst, src, bytes, stream)
     }
     fn allocate_host(&mut self, bytes: u64, pinned: bool) -> Result<super::HostPtr, BackendError> {

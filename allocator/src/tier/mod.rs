@@ -76,6 +76,8 @@ mod recompute_tests;
 #[cfg(test)]
 mod replay_tests;
 #[cfg(test)]
+mod split_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod window_tests;

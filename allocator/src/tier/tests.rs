@@ -26,7 +26,7 @@ pub(super) fn manager(seed: u64) -> (TierManager<TestBackend>, FailSwitch) {
 }
 
 /// [`manager`] with a staging pool of `pool` bytes.
-fn manager_with_pool(seed: u64, pool: u64) -> (TierManager<TestBackend>, FailSwitch) {
+pub(super) fn manager_with_pool(seed: u64, pool: u64) -> (TierManager<TestBackend>, FailSwitch) {
     let (b, switch) = FailOnDemand::new(Deferred::new(2 << 20, seed));
     // A quarter of them on fixed segments (as the budgeted replays), where the
     // out-of-memory path meets fragmentation more often.
@@ -680,43 +680,4 @@ fn a_prefetch_from_pageable_memory_is_a_miss_not_a_hit() {
         "{s:?}"
     );
     assert_eq!(s.prefetch_hit_rate(), 0.5);
-}
-
-/// A copy the pinned pool has room for only in two ranges goes there in two parts,
-/// not to pageable memory, and its bytes come back intact.
-#[test]
-fn a_copy_the_pool_holds_only_in_two_ranges_is_split_over_them() {
-    let (mut m, _) = manager_with_pool(1, 256 << 10);
-    let kib = 1u64 << 10;
-    let put = |m: &mut TierManager<TestBackend>, seed: u64, bytes: u64| {
-        let h = m.register(bytes, TensorOpts::default()).unwrap();
-        write(m, h, &pattern(seed, bytes)).unwrap();
-        h
-    };
-    let hs: Vec<_> = (0..4).map(|i| put(&mut m, i, 64 * kib)).collect();
-    m.end_step();
-    for &h in &hs {
-        assert!(m.spill(h).unwrap());
-    }
-    m.synchronize().unwrap();
-    assert_eq!(m.stats().spills_warm, 4, "the four fill the pool");
-    // Two 64 KiB holes, not next to each other: 128 KiB free, no range of 128 KiB.
-    m.free(hs[0]).unwrap();
-    m.free(hs[2]).unwrap();
-    let big = put(&mut m, 9, 128 * kib);
-    m.end_step();
-    assert!(m.spill(big).unwrap());
-    m.synchronize().unwrap();
-    let s = m.stats();
-    assert_eq!((s.spills_warm, s.spills_cold), (5, 0), "{s:?}");
-    assert_eq!(s.pageable_copied_bytes, 0);
-    m.check_invariants().unwrap();
-    // Another tensor written where `big` was, so that its bytes can only come back
-    // from the two host ranges.
-    let _over = put(&mut m, 10, 128 * kib);
-    m.end_step();
-    assert_eq!(read(&mut m, big).unwrap(), pattern(9, 128 * kib));
-    assert_eq!(read(&mut m, hs[1]).unwrap(), pattern(1, 64 * kib));
-    assert_eq!(read(&mut m, hs[3]).unwrap(), pattern(3, 64 * kib));
-    m.check_invariants().unwrap();
 }

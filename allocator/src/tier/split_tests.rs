@@ -1,0 +1,93 @@
+//! Copies in two ranges of the pinned pool (`StagingPool::alloc(bytes, true)`): the
+//! bytes come back from both, and a failure of either part leaves the tensor where it
+//! was. On [`Deferred`](super::deferred::Deferred), as the integrity tests.
+
+use super::handle::Place;
+use super::manager::{TensorOpts, TierManager};
+use super::tests::{manager_with_pool, pattern, read, write, TestBackend};
+use super::TierError;
+
+/// A copy the pinned pool has room for only in two ranges goes there in two parts,
+/// not to pageable memory, and its bytes come back intact.
+#[test]
+fn a_copy_the_pool_holds_only_in_two_ranges_is_split_over_them() {
+    let (mut m, _) = manager_with_pool(1, 256 << 10);
+    let kib = 1u64 << 10;
+    let put = |m: &mut TierManager<TestBackend>, seed: u64, bytes: u64| {
+        let h = m.register(bytes, TensorOpts::default()).unwrap();
+        write(m, h, &pattern(seed, bytes)).unwrap();
+        h
+    };
+    let hs: Vec<_> = (0..4).map(|i| put(&mut m, i, 64 * kib)).collect();
+    m.end_step();
+    for &h in &hs {
+        assert!(m.spill(h).unwrap());
+    }
+    m.synchronize().unwrap();
+    assert_eq!(m.stats().spills_warm, 4, "the four fill the pool");
+    // Two 64 KiB holes, not next to each other: 128 KiB free, no range of 128 KiB.
+    m.free(hs[0]).unwrap();
+    m.free(hs[2]).unwrap();
+    let big = put(&mut m, 9, 128 * kib);
+    m.end_step();
+    assert!(m.spill(big).unwrap());
+    m.synchronize().unwrap();
+    let s = m.stats();
+    assert_eq!((s.spills_warm, s.spills_cold), (5, 0), "{s:?}");
+    assert_eq!(s.pageable_copied_bytes, 0);
+    m.check_invariants().unwrap();
+    // Another tensor written where `big` was, so that its bytes can only come back
+    // from the two host ranges.
+    let _over = put(&mut m, 10, 128 * kib);
+    m.end_step();
+    assert_eq!(read(&mut m, big).unwrap(), pattern(9, 128 * kib));
+    assert_eq!(read(&mut m, hs[1]).unwrap(), pattern(1, 64 * kib));
+    assert_eq!(read(&mut m, hs[3]).unwrap(), pattern(3, 64 * kib));
+    m.check_invariants().unwrap();
+}
+
+/// A copy in two parts whose second part fails, out and back in: the tensor stays
+/// where it was, the first part's copy is waited for, and both ranges go back to the
+/// pool (out) or the device block is freed (in).
+#[test]
+fn a_split_copy_whose_second_part_fails_leaves_the_tensor_in_place() {
+    let (mut m, switch) = manager_with_pool(1, 256 << 10);
+    let kib = 1u64 << 10;
+    let put = |m: &mut TierManager<TestBackend>, seed: u64, bytes: u64| {
+        let h = m.register(bytes, TensorOpts::default()).unwrap();
+        write(m, h, &pattern(seed, bytes)).unwrap();
+        h
+    };
+    let hs: Vec<_> = (0..4).map(|i| put(&mut m, i, 64 * kib)).collect();
+    m.end_step();
+    for &h in &hs {
+        assert!(m.spill(h).unwrap());
+    }
+    m.synchronize().unwrap();
+    m.free(hs[0]).unwrap();
+    m.free(hs[2]).unwrap();
+    let big = put(&mut m, 9, 128 * kib);
+    m.end_step();
+    let free = m.staging.free_bytes();
+    switch.fail_copies_after(1, 1);
+    assert!(!m.spill(big).unwrap(), "the second part failed");
+    assert!(matches!(m.place(big).unwrap(), Place::Device { .. }));
+    assert_eq!(m.staging.free_bytes(), free, "both ranges given back");
+    assert_eq!(m.stats().transfer_failures, 1);
+    m.check_invariants().unwrap();
+    assert!(m.spill(big).unwrap());
+    m.synchronize().unwrap();
+    m.check_invariants().unwrap();
+    let _over = put(&mut m, 10, 128 * kib);
+    m.end_step();
+    let device = m.alloc.stats().allocated.current;
+    switch.fail_copies_after(1, 1);
+    let e = m.access(big, false).unwrap_err();
+    assert!(matches!(e, TierError::Transfer { .. }), "{e}");
+    assert!(matches!(m.place(big).unwrap(), Place::Host { .. }));
+    assert_eq!(m.alloc.stats().allocated.current, device, "the block freed");
+    m.check_invariants().unwrap();
+    m.end_step();
+    assert_eq!(read(&mut m, big).unwrap(), pattern(9, 128 * kib));
+    m.check_invariants().unwrap();
+}
