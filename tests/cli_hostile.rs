@@ -255,8 +255,46 @@ fn empty_damaged_and_inconsistent_files_are_named_errors_everywhere() {
             },
         ]),
     );
+    // Sizes no device holds: one near u64::MAX (whose rounding would wrap), and two of
+    // 0.75 PiB live at once (whose sum passes the limit at event 1).
+    let alloc = |id: u64, bytes: u64| Event {
+        time_us: id,
+        kind: EventKind::Alloc {
+            id,
+            bytes,
+            stream: 0,
+        },
+    };
+    let huge = write(
+        d.path(),
+        "huge.mctrace",
+        &native_trace(vec![alloc(0, u64::MAX - 511)]),
+    );
+    let sum = write(
+        d.path(),
+        "sum.mctrace",
+        &native_trace(vec![alloc(0, 3 << 48), alloc(1, 3 << 48)]),
+    );
     let out = d.path().join("out").display().to_string();
     for (file, needles) in [
+        (
+            &huge,
+            &[
+                "huge.mctrace",
+                "event 0",
+                "an allocation of",
+                "MAX_TRACE_BYTES",
+            ][..],
+        ),
+        (
+            &sum,
+            &[
+                "sum.mctrace",
+                "event 1",
+                "live tensors of",
+                "MAX_TRACE_BYTES",
+            ][..],
+        ),
         (&empty, &["empty.mctrace", "empty (0 bytes)"][..]),
         (&v0, &["v0.mctrace", "format version 0", "damaged"][..]),
         (
@@ -283,7 +321,7 @@ fn empty_damaged_and_inconsistent_files_are_named_errors_everywhere() {
     }
     assert_eq!(
         std::fs::read_dir(d.path()).unwrap().count(),
-        3,
+        5,
         "no output written"
     );
 }

@@ -17,5 +17,5 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 timeout 180 "$here/cuda-tests" --include-ignored --test-threads=1 > $OUT/cuda-tests.log 2>&1
 echo "cuda-tests exit $? after $(( $(date +%s) - start )) s"
 grep -E "test result|panicked|FAILED|pageable" $OUT/cuda-tests.log | head -20
-"$here/tier_replays_gpu.sh" $OUT/split $root/training-data/corpus/manifest.tsv test 0.6 360
+"$here/tier_replays_gpu.sh" $OUT/split $root/training-data/corpus/manifest.tsv test 0.6 300
 echo "total $(( $(date +%s) - start )) s"

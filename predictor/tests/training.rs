@@ -267,3 +267,32 @@ fn empty_training_set_is_an_error() {
     let empty = vec![Series::from_trace("e", &Default::default(), c.step, 5)];
     assert!(train_with(BackendKind::Ndarray, &empty, &c, &mut NoProgress).is_err());
 }
+
+/// A window longer than every trace is cut to the longest one, with a warning: the
+/// same model as asking for that window (its padded steps would cost time and teach
+/// nothing; at 100,000 steps training did not finish in a minute).
+#[test]
+fn a_window_longer_than_every_trace_is_cut_to_the_longest() {
+    let c = small_config();
+    let data = dataset(&c);
+    let longest = data.iter().map(Series::len).max().unwrap();
+    let mut exact = c.clone();
+    exact.train.window = longest;
+    let mut huge = c.clone();
+    huge.train.window = 100_000;
+    let a = train_with(BackendKind::Ndarray, &data, &exact, &mut NoProgress).unwrap();
+    let t = std::time::Instant::now();
+    let b = train_with(BackendKind::Ndarray, &data, &huge, &mut NoProgress).unwrap();
+    // The same weights (the configuration each records is the one asked for).
+    let mut bw = b.weights.clone();
+    bw.config = a.weights.config.clone();
+    assert_eq!(a.weights, bw);
+    assert!(
+        b.warnings
+            .iter()
+            .any(|w| w.contains(&format!("longest trace ({longest} steps)"))),
+        "{:?}",
+        b.warnings
+    );
+    assert!(t.elapsed().as_secs() < 60, "{:?}", t.elapsed());
+}

@@ -27,6 +27,9 @@ pub enum TraceError {
     /// A trace that breaks the model's invariants (index into `Trace::events`).
     #[error("trace event {index}: {what}")]
     Invalid { index: u64, what: String },
+    /// A static block that breaks them (index into `Trace::static_blocks`).
+    #[error("static block {index}: {what}")]
+    InvalidStatic { index: u64, what: String },
     /// An input that reaches one of the limits of [`crate::limits`] (named in `what`).
     #[error("limit reached: {what}")]
     Limit { what: String },

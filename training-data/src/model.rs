@@ -8,7 +8,9 @@
 //! Invariants of a well-formed trace (checked by [`Trace::validate`]):
 //! - every `Alloc` has a fresh id (not a static block's, not an earlier alloc's);
 //! - every `Free` and `Access` names an id that is live at that point;
-//! - `time_us` never decreases.
+//! - `time_us` never decreases;
+//! - no allocation, and no sum of live tensors' bytes, exceeds
+//!   [`crate::limits::MAX_TRACE_BYTES`].
 
 use serde::{Deserialize, Serialize};
 
@@ -150,13 +152,35 @@ impl Trace {
 
     /// Checks the invariants in the module docs; the error names the first bad event.
     pub fn validate(&self) -> Result<(), TraceError> {
-        let mut live: std::collections::HashMap<TensorId, u64> =
-            self.static_blocks.iter().map(|b| (b.id, b.bytes)).collect();
-        if live.len() != self.static_blocks.len() {
-            return Err(TraceError::Invalid {
-                index: 0,
-                what: "two static blocks share an id".into(),
-            });
+        let max = crate::limits::MAX_TRACE_BYTES;
+        let too_large = |what: &str, bytes: u64| {
+            format!("{what} of {bytes} bytes, above the limit of {max} (MAX_TRACE_BYTES)")
+        };
+        let mut live: std::collections::HashMap<TensorId, u64> = Default::default();
+        // Invariant: live_bytes = sum of `live`'s values <= MAX_TRACE_BYTES.
+        let mut live_bytes = 0u64;
+        for (index, b) in self.static_blocks.iter().enumerate() {
+            let index = index as u64;
+            if live.insert(b.id, b.bytes).is_some() {
+                return Err(TraceError::InvalidStatic {
+                    index,
+                    what: format!("id {} is an earlier static block's too", b.id),
+                });
+            }
+            live_bytes = live_bytes.saturating_add(b.bytes);
+            if b.bytes > max || live_bytes > max {
+                return Err(TraceError::InvalidStatic {
+                    index,
+                    what: too_large(
+                        if b.bytes > max {
+                            "a block"
+                        } else {
+                            "static blocks"
+                        },
+                        b.bytes.max(live_bytes),
+                    ),
+                });
+            }
         }
         let mut seen: std::collections::HashSet<TensorId> = live.keys().copied().collect();
         let mut last_t = 0;
@@ -177,16 +201,31 @@ impl Trace {
                             what: format!("tensor id {id} allocated twice"),
                         });
                     }
+                    live_bytes = live_bytes.saturating_add(bytes);
+                    if bytes > max || live_bytes > max {
+                        return Err(TraceError::Invalid {
+                            index,
+                            what: too_large(
+                                if bytes > max {
+                                    "an allocation"
+                                } else {
+                                    "live tensors"
+                                },
+                                bytes.max(live_bytes),
+                            ),
+                        });
+                    }
                     live.insert(id, bytes);
                 }
-                EventKind::Free { id } => {
-                    if live.remove(&id).is_none() {
+                EventKind::Free { id } => match live.remove(&id) {
+                    Some(bytes) => live_bytes -= bytes,
+                    None => {
                         return Err(TraceError::Invalid {
                             index,
                             what: format!("free of tensor {id}, which is not live"),
-                        });
+                        })
                     }
-                }
+                },
                 EventKind::Access { id, .. } => {
                     if !live.contains_key(&id) {
                         return Err(TraceError::Invalid {
@@ -199,5 +238,79 @@ impl Trace {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alloc(id: TensorId, bytes: u64) -> Event {
+        Event {
+            time_us: id,
+            kind: EventKind::Alloc {
+                id,
+                bytes,
+                stream: 0,
+            },
+        }
+    }
+
+    fn block(id: TensorId, bytes: u64) -> StaticBlock {
+        StaticBlock {
+            id,
+            bytes,
+            stream: 0,
+        }
+    }
+
+    fn err(t: &Trace) -> String {
+        t.validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn sizes_beyond_the_limit_are_refused_with_their_event_or_block() {
+        let max = crate::limits::MAX_TRACE_BYTES;
+        let mut t = Trace {
+            events: vec![
+                alloc(1, max),
+                Event {
+                    time_us: 2,
+                    kind: EventKind::Free { id: 1 },
+                },
+            ],
+            ..Default::default()
+        };
+        t.validate().unwrap();
+        // Freed bytes leave the live sum: the same again fits.
+        t.events.push(alloc(3, max));
+        t.validate().unwrap();
+        t.events.push(alloc(4, 1));
+        let e = err(&t);
+        assert!(e.starts_with("trace event 3: live tensors of"), "{e}");
+        t.events = vec![alloc(1, u64::MAX)];
+        let e = err(&t);
+        assert!(
+            e.starts_with("trace event 0: an allocation of 18446744073709551615 bytes"),
+            "{e}"
+        );
+        t.events.clear();
+        t.static_blocks = vec![block(1, 1 << 20), block(2, max)];
+        let e = err(&t);
+        assert!(e.starts_with("static block 1: static blocks of"), "{e}");
+        t.static_blocks = vec![block(1, max + 1)];
+        assert!(err(&t).starts_with("static block 0: a block of"));
+    }
+
+    #[test]
+    fn a_static_block_id_used_twice_names_the_second_block() {
+        let t = Trace {
+            static_blocks: vec![block(5, 64), block(6, 64), block(5, 64)],
+            ..Default::default()
+        };
+        assert_eq!(
+            err(&t),
+            "static block 2: id 5 is an earlier static block's too"
+        );
     }
 }

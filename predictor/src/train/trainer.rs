@@ -135,7 +135,9 @@ pub fn train<B: AutodiffBackend>(
     let total_scored: usize = scorable.iter().map(|&i| scored_targets(&prepped[i])).sum();
     if total_scored == 0 {
         return Err(PredictorError::Empty(format!(
-            "nothing to learn: in {} traces ({} steps) no step has a target (every step              repeats its previous iteration exactly or has no previous iteration);              train on traces with at least two iterations that differ",
+            "nothing to learn: in {} traces ({} steps) no step has a target (every step \
+             repeats its previous iteration exactly or has no previous iteration); \
+             train on traces with at least two iterations that differ",
             prepped.len(),
             prepped.iter().map(Series::len).sum::<usize>()
         )));
@@ -167,7 +169,25 @@ pub fn train<B: AutodiffBackend>(
         .init::<B, LstmForecaster<B>>();
     let outputs = config.model.outputs();
     let channel_outputs = config.model.horizon * config.model.channels;
-    let all_wins: Vec<Window> = windows(&train_s, tc.window, tc.stride);
+    // A window longer than every trace would be padding past the data: its cost
+    // grows with the window (the recurrence runs over every padded step), its
+    // gradient does not. Windows are cut to the longest trace.
+    let longest = train_s
+        .iter()
+        .chain(&val_s)
+        .map(Series::len)
+        .max()
+        .unwrap_or(1);
+    let (window, burn_in) = if tc.window > longest {
+        warnings.push(format!(
+            "window of {} steps is longer than the longest trace ({longest} steps): windows of {longest}",
+            tc.window
+        ));
+        (longest, tc.burn_in.min(longest / 2))
+    } else {
+        (tc.window, tc.burn_in)
+    };
+    let all_wins: Vec<Window> = windows(&train_s, window, tc.stride);
     let mut by_series: Vec<Vec<Window>> = vec![Vec::new(); train_s.len()];
     for w in &all_wins {
         by_series[w.series].push(*w);
@@ -181,17 +201,13 @@ pub fn train<B: AutodiffBackend>(
     if per_epoch < tc.batch {
         warnings.push(format!(
             "little data: {per_epoch} training windows of {} steps per epoch, fewer than one batch of {} ({} scored targets in all)",
-            tc.window, tc.batch, total_scored
+            window, tc.batch, total_scored
         ));
     }
-    let val_wins = windows(
-        &val_s,
-        tc.window,
-        tc.window.saturating_sub(tc.burn_in).max(1),
-    );
+    let val_wins = windows(&val_s, window, window.saturating_sub(burn_in).max(1));
     let val_batches: Vec<Batch> = val_wins
         .chunks(tc.batch)
-        .map(|c| make_batch(&val_s, c, tc.window, tc.burn_in, &norm))
+        .map(|c| make_batch(&val_s, c, window, burn_in, &norm))
         .collect();
     let mut rng = Rng::new(tc.seed ^ 0x5eed);
     let batches = per_epoch.div_ceil(tc.batch);
@@ -211,7 +227,7 @@ pub fn train<B: AutodiffBackend>(
         rng.shuffle(&mut wins);
         let (mut sum, mut n) = (0.0, 0usize);
         for chunk in wins.chunks(tc.batch) {
-            let b = make_batch(&train_s, chunk, tc.window, tc.burn_in, &norm);
+            let b = make_batch(&train_s, chunk, window, burn_in, &norm);
             let (x, y, m) = tensors::<B>(&b, outputs, device);
             let loss = training_loss(model.forward(x), y, m, channel_outputs);
             let l = scalar(loss.clone().inner());
