@@ -278,8 +278,13 @@ impl Actions {
     /// `grow+release`, `all`, `none`.
     pub fn parse(s: &str) -> Result<Self, AllocError> {
         let mut a = Actions::none();
-        for w in s.split(['+', '|']).map(str::trim).filter(|w| !w.is_empty()) {
+        for w in s.split(['+', '|']).map(str::trim) {
             match w {
+                "" => {
+                    return Err(AllocError::Config(format!(
+                        "predictive_actions: {s:?} names an empty action (join names with +; none for no action)"
+                    )))
+                }
                 "all" => a = Actions::all(),
                 "none" => {}
                 "grow" => a.grow = true,
@@ -472,11 +477,26 @@ impl AllocConfig {
 
     /// Applies a `key:value,key:value` string over `self`, then validates.
     pub fn with_conf_string(mut self, conf: &str) -> Result<Self, AllocError> {
+        let mut seen = std::collections::HashSet::new();
         for item in conf.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let (k, v) = item
                 .split_once(':')
                 .ok_or_else(|| AllocError::Config(format!("expected key:value, got {item:?}")))?;
             let (k, v) = (k.trim(), v.trim());
+            if !seen.insert(k) {
+                return Err(AllocError::Config(format!(
+                    "{k} is given twice (in {conf:?}): give each key once"
+                )));
+            }
+            if v.is_empty() {
+                return Err(AllocError::Config(format!("{k}: no value (in {item:?})")));
+            }
+            let parse_bytes = |v: &str| -> Result<u64, AllocError> {
+                parse_bytes(v).map_err(|e| match e {
+                    AllocError::Config(m) => AllocError::Config(format!("{k}: {m}")),
+                    e => e,
+                })
+            };
             let num = |v: &str| -> Result<f64, AllocError> {
                 v.parse::<f64>()
                     .map_err(|_| AllocError::Config(format!("{k}: bad number {v:?}")))
@@ -657,6 +677,37 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("unknown unit"));
+    }
+
+    #[test]
+    fn conf_string_mistakes_name_the_key() {
+        let e = |conf: &str| {
+            AllocConfig::default()
+                .with_conf_string(conf)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(
+            e("min_block:512,growth_initial:abc").contains("growth_initial: \"abc\": unknown unit")
+        );
+        let whole = e("growth_cap:1.5");
+        assert!(
+            whole.contains("growth_cap: \"1.5\": a count of bytes must be whole"),
+            "{whole}"
+        );
+        assert!(e("growth_cap:,min_block:512").contains("growth_cap: no value"));
+        assert!(e("min_block:512,min_block:1K").contains("min_block is given twice"));
+        for bad in ["predictive_actions:+", "predictive_actions:grow++spill"] {
+            assert!(
+                e(bad).contains("names an empty action"),
+                "{bad}: {}",
+                e(bad)
+            );
+        }
+        let c = AllocConfig::default()
+            .with_conf_string("predictive_actions:none")
+            .unwrap();
+        assert_eq!(c.predictive_actions, Actions::none());
     }
 
     #[test]

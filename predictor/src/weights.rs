@@ -283,10 +283,19 @@ impl Weights {
 /// One sentence for a file safetensors cannot read (its error names are not for users).
 fn safetensors_error(bytes: &[u8], e: &safetensors::SafeTensorError) -> String {
     use safetensors::SafeTensorError as E;
+    let len = bytes.len();
     let what = match e {
-        E::HeaderTooSmall | E::MetadataIncompleteBuffer => format!(
-            "the file ({} bytes) is too short for the header it announces: truncated, or not a safetensors file",
-            bytes.len()
+        E::HeaderTooSmall => {
+            format!("the file ({len} bytes) is shorter than a safetensors header: truncated, or not a safetensors file")
+        }
+        E::InvalidHeaderLength => {
+            let n = bytes
+                .get(..8)
+                .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+            format!("the first 8 bytes announce a header of {n} bytes, which runs past the end of the file ({len} bytes): truncated, or not a safetensors file")
+        }
+        E::MetadataIncompleteBuffer => format!(
+            "the tensors the header lists do not end where the file ends ({len} bytes): truncated, or bytes appended"
         ),
         E::HeaderTooLarge => {
             "the first 8 bytes announce a header larger than safetensors allows: not a safetensors file"
@@ -294,6 +303,12 @@ fn safetensors_error(bytes: &[u8], e: &safetensors::SafeTensorError) -> String {
         }
         E::InvalidHeader | E::InvalidHeaderStart | E::InvalidHeaderDeserialization => {
             "the header is not the JSON of a safetensors file".to_string()
+        }
+        E::InvalidOffset(name) => {
+            format!("the header gives tensor {name:?} offsets outside its data: damaged")
+        }
+        E::TensorInvalidInfo | E::InvalidTensorView(..) | E::ValidationOverflow => {
+            "a tensor's type, shape and offsets in the header disagree: damaged".to_string()
         }
         other => format!("not a readable safetensors file ({other})"),
     };

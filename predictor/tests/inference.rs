@@ -58,6 +58,40 @@ fn safetensors_roundtrip_and_bad_files() {
             Err(PredictorError::Weights { .. })
         ));
     }
+    // Each damage named as what it is.
+    let said = |bad: &[u8]| {
+        Weights::from_safetensors(bad, None)
+            .unwrap_err()
+            .to_string()
+    };
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut appended = bytes.clone();
+    appended.extend_from_slice(&[0; 16]);
+    let mut lying = bytes.clone();
+    // The header's first offset pair made to point past the data.
+    let text = String::from_utf8(bytes[8..8 + header].to_vec()).unwrap();
+    let at = text
+        .find("\"data_offsets\":[0,")
+        .expect("a tensor at offset 0");
+    let n = text[at..].find(']').unwrap();
+    let patched = format!(
+        "{}\"data_offsets\":[0,9]{}",
+        &text[..at],
+        &text[at + n + 1..]
+    );
+    let patched = format!("{patched:<header$}");
+    lying[8..8 + header].copy_from_slice(patched.as_bytes());
+    for (bad, needle) in [
+        (&bytes[..5], "shorter than a safetensors header"),
+        (&bytes[..8 + header / 2], "runs past the end of the file"),
+        (&appended[..], "bytes appended"),
+        (&bytes[..bytes.len() - 4], "do not end where the file ends"),
+        (&lying[..], "disagree"),
+    ] {
+        let e = said(bad);
+        assert!(e.contains(needle), "{needle}: {e}");
+        assert!(!e.contains("Invalid") && !e.contains("Metadata"), "{e}");
+    }
     // A config that does not match the weights.
     let mut other = cfg.clone();
     other.model.hidden = 16;

@@ -96,8 +96,9 @@ impl HostTime {
 }
 
 static DEVICES: [OnceLock<Device>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
-/// The configuration string given before the first allocation (over MEMCAST_ALLOC_CONF).
-static CONF: Mutex<Option<String>> = Mutex::new(None);
+/// The configuration strings given before the first allocation, in order (each over
+/// MEMCAST_ALLOC_CONF and the ones before: a later one may set a key again).
+static CONF: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static INIT: Mutex<()> = Mutex::new(());
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 
@@ -128,8 +129,13 @@ pub fn started() -> bool {
 /// The configuration the next device gets: defaults, MEMCAST_ALLOC_CONF, then the
 /// string given to `configure`.
 pub fn config() -> Result<AllocConfig, TorchError> {
+    configured(&lock(&CONF))
+}
+
+/// Defaults, MEMCAST_ALLOC_CONF, then each of `confs` in turn.
+fn configured(confs: &[String]) -> Result<AllocConfig, TorchError> {
     let mut c = AllocConfig::from_env()?;
-    if let Some(s) = lock(&CONF).as_deref() {
+    for s in confs {
         c = c.with_conf_string(s)?;
     }
     Ok(c)
@@ -141,12 +147,10 @@ pub fn configure(conf: &str) -> Result<(), TorchError> {
     if started() {
         return Err(TorchError::TooLate);
     }
-    let merged = match lock(&CONF).as_deref() {
-        Some(prev) if !prev.is_empty() => format!("{prev},{conf}"),
-        _ => conf.to_string(),
-    };
-    AllocConfig::from_env()?.with_conf_string(&merged)?;
-    *lock(&CONF) = Some(merged);
+    let mut confs = lock(&CONF).clone();
+    confs.push(conf.to_string());
+    configured(&confs)?;
+    *lock(&CONF) = confs;
     Ok(())
 }
 
