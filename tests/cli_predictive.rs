@@ -198,6 +198,29 @@ fn options_that_cannot_apply_are_errors() {
         ),
         (vec!["replay", &t, "--policy", "reactive"], "--budget"),
         (
+            vec![
+                "replay",
+                &t,
+                "--compare",
+                "memcast,reactive",
+                "--budget",
+                "60%",
+            ],
+            "under --budget are one replay",
+        ),
+        (
+            vec!["replay", &t, "--budget", "60%", "--pinned", "150%"],
+            "more than the peak is written in bytes",
+        ),
+        (
+            vec!["replay", &t, "--conf", "predictive_actions:grow++spill"],
+            "names an empty action",
+        ),
+        (
+            vec!["replay", &t, "--conf", "growth_cap:,min_block:512"],
+            "growth_cap: no value",
+        ),
+        (
             vec!["replay", &t, "--budget", "60%", "--real-time"],
             "--real-time",
         ),

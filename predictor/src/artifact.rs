@@ -29,8 +29,7 @@ pub fn load_config(dir: &Path) -> Result<ArtifactConfig> {
         path: path.clone(),
         err,
     })?;
-    c.model
-        .validate()
+    c.validate()
         .map_err(|e| PredictorError::Config(format!("{}: {e}", path.display())))?;
     Ok(c)
 }

@@ -187,3 +187,17 @@ pub struct ArtifactConfig {
     pub train: TrainConfig,
     pub step: StepConfig,
 }
+
+impl ArtifactConfig {
+    /// Checks what inference reads: the model's shape and how steps are cut (the
+    /// training section only records how the model was trained).
+    pub fn validate(&self) -> Result<()> {
+        self.model.validate()?;
+        if self.step.allocs_per_step == 0 {
+            return Err(PredictorError::Config(
+                "step.allocs_per_step = 0: a step needs at least one allocation".into(),
+            ));
+        }
+        Ok(())
+    }
+}

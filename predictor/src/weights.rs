@@ -218,7 +218,7 @@ impl Weights {
             (None, Some(c)) => c,
             (None, None) => return Err(corrupt("no config given and none embedded".into())),
         };
-        config.model.validate()?;
+        config.validate()?;
         let get = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
             let t = st.tensor(name).map_err(|_| {
                 PredictorError::Mismatch(format!(

@@ -101,6 +101,11 @@ fn safetensors_roundtrip_and_bad_files() {
     let mut other = cfg.clone();
     other.model.horizon = 3;
     assert!(Weights::from_safetensors(&bytes, Some(&other)).is_err());
+    // A config no step can be cut by.
+    let mut other = cfg.clone();
+    other.step.allocs_per_step = 0;
+    let e = Weights::from_safetensors(&bytes, Some(&other)).unwrap_err();
+    assert!(e.to_string().contains("allocs_per_step = 0"), "{e}");
     // A missing file names the path.
     let e = Weights::load(std::path::Path::new("/nonexistent/x.safetensors"), None).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/x.safetensors"));

@@ -265,6 +265,12 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
     if let Some(p) = twice {
         bail!("--compare names {} twice", p.name());
     }
+    if args.budget.is_some()
+        && ps.contains(&PolicyArg::Memcast)
+        && ps.contains(&PolicyArg::Reactive)
+    {
+        bail!("--compare names memcast and reactive, which under --budget are one replay (the reactive tiers): name one");
+    }
     let predictive = ps.contains(&PolicyArg::Predictive);
     if args.forecaster.is_some() && !predictive {
         bail!("--forecaster applies to --policy predictive only");

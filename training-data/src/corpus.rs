@@ -148,7 +148,8 @@ pub fn parse_manifest(text: &str, root: &Path) -> Result<Vec<Entry>, TraceError>
     let mut out: Vec<Entry> = Vec::new();
     for (i, line) in lines {
         let n = i + 1;
-        if line.trim().is_empty() {
+        // A blank line is skipped; a row of empty fields is not blank.
+        if line.trim().is_empty() && !line.contains('\t') {
             continue;
         }
         let cols: Vec<&str> = line.split('\t').collect();
@@ -161,6 +162,9 @@ pub fn parse_manifest(text: &str, root: &Path) -> Result<Vec<Entry>, TraceError>
                     HEADER.len()
                 ),
             ));
+        }
+        if let Some(k) = (0..3).find(|&k| cols[k].trim().is_empty()) {
+            return Err(bad(n, format!("the {} column is empty", HEADER[k])));
         }
         let dynamic = match cols[3] {
             "static" => false,
@@ -180,8 +184,18 @@ pub fn parse_manifest(text: &str, root: &Path) -> Result<Vec<Entry>, TraceError>
         if out.iter().any(|e| e.workload == cols[1]) {
             return Err(bad(n, format!("workload {} listed twice", cols[1])));
         }
+        let path = root.join(cols[0]);
+        if let Some(other) = out.iter().find(|e| e.path == path) {
+            return Err(bad(
+                n,
+                format!(
+                    "file {} is workload {} already: one trace, one workload",
+                    cols[0], other.workload
+                ),
+            ));
+        }
         out.push(Entry {
-            path: root.join(cols[0]),
+            path,
             workload: cols[1].to_string(),
             family: cols[2].to_string(),
             dynamic,
@@ -281,6 +295,18 @@ mod tests {
             (
                 format!("{HEAD}x\tx\tvit\tstatic\ttest\t-\nz\tx\tvit\tstatic\ttest\t-\n"),
                 "twice",
+            ),
+            (
+                format!("{HEAD}x\tx\tvit\tstatic\ttest\t-\nx\ty\tvit\tstatic\ttest\t-\n"),
+                "line 3: file x is workload x already",
+            ),
+            (
+                format!("{HEAD}x\t\tvit\tstatic\ttest\t-\n"),
+                "the workload column is empty",
+            ),
+            (
+                format!("{HEAD}\t\t\t\t\t\n"),
+                "line 2: the file column is empty",
             ),
         ] {
             let err = parse_manifest(&t, Path::new(".")).unwrap_err().to_string();

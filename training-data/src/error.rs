@@ -21,6 +21,9 @@ pub enum TraceError {
     /// A native trace file that is not one, is damaged, or is from a newer version.
     #[error("native trace: {what}")]
     Native { what: String },
+    /// An xz-compressed input whose stream is damaged or truncated.
+    #[error("xz: {what}")]
+    Xz { what: String },
     /// A JSON trace document that is malformed or not one (`json.rs`).
     #[error("json trace: {what} (byte offset {offset})")]
     Json { what: String, offset: u64 },

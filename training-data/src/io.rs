@@ -106,8 +106,14 @@ pub fn read_maybe_xz(path: &Path) -> Result<Vec<u8>, TraceError> {
 
 /// Decompresses an xz stream within the limits of [`read_maybe_xz`].
 fn unxz(data: &[u8]) -> Result<Vec<u8>, TraceError> {
-    let damaged = |e: std::io::Error| TraceError::Native {
-        what: format!("xz stream is damaged: {e}"),
+    // Where: how far decompression got, against the compressed size.
+    let damaged = |e: std::io::Error, at: usize| {
+        TraceError::Xz {
+        what: format!(
+            "the stream ({} bytes compressed) is damaged or cut short after {at} decompressed bytes: {e}",
+            data.len()
+        ),
+    }
     };
     let limit = decompressed_limit(data.len() as u64, MAX_XZ_RATIO);
     let mut dec = liblzma::read::XzDecoder::new(data).take(limit + 1);
@@ -115,7 +121,7 @@ fn unxz(data: &[u8]) -> Result<Vec<u8>, TraceError> {
     let mut out = vec![0u8; 8];
     let mut head = 0;
     while head < out.len() {
-        match dec.read(&mut out[head..]).map_err(damaged)? {
+        match dec.read(&mut out[head..]).map_err(|e| damaged(e, head))? {
             0 => break,
             n => head += n,
         }
@@ -130,7 +136,9 @@ fn unxz(data: &[u8]) -> Result<Vec<u8>, TraceError> {
             },
         });
     }
-    dec.read_to_end(&mut out).map_err(damaged)?;
+    if let Err(e) = dec.read_to_end(&mut out) {
+        return Err(damaged(e, out.len()));
+    }
     if out.len() as u64 > limit {
         return Err(TraceError::Limit {
             what: format!(
@@ -218,6 +226,16 @@ mod tests {
         let e = load_trace(&g).unwrap_err().to_string();
         assert!(
             e.contains("junk.xz") && e.contains("JSON trace document"),
+            "{e}"
+        );
+        // Cut short: named as a damaged xz stream, with how far it got.
+        let whole = xz(doc);
+        let h = dir.join("cut.trace.json.xz");
+        std::fs::write(&h, &whole[..whole.len() - 20]).unwrap();
+        let e = load_trace(&h).unwrap_err().to_string();
+        assert!(
+            e.contains("cut.trace.json.xz: xz: the stream (")
+                && e.contains("damaged or cut short after"),
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();

@@ -87,7 +87,7 @@ impl Budget {
             Ok(Budget::Fraction(v))
         } else {
             Err(format!(
-                "a share of the peak must be above 0 and at most 100% (it is {}%); a budget above the peak is written in bytes",
+                "a share of the peak must be above 0 and at most 100% (it is {}%); more than the peak is written in bytes",
                 v * 100.0
             ))
         }
