@@ -5,7 +5,7 @@
 //! | `config.json` | [`ArtifactConfig`]: model, training and step configs |
 //! | `model.safetensors` | weights + normalisation (see [`crate::weights`]) |
 //! | `model.mpk` | the same weights in burn's record format (`NamedMpkFileRecorder`, full precision) |
-//! | `norm.json` | the normalisation statistics, readable |
+//! | `norm.json` | the normalisation statistics, readable (a copy: nothing reads it back) |
 //! | `metrics.json` | training history and validation metrics |
 
 use std::path::Path;
