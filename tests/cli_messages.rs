@@ -202,7 +202,7 @@ fn messages_name_the_cause() {
     std::fs::write(&bad, b"abc").unwrap();
     let e = fails_with(
         &["eval", "--model", &bad.display().to_string(), "--trace", &t],
-        &["too short"],
+        &["shorter than a safetensors header"],
     );
     assert!(
         !e.contains("MetadataIncompleteBuffer") && !e.contains("HeaderTooLarge"),

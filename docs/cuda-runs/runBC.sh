@@ -19,9 +19,9 @@ echo "cuda-tests exit $? after $(( $(date +%s) - start )) s"
 grep -E "test result|panicked|FAILED|pageable" $OUT/cuda-tests.log | head -20
 # The traces where the sim moved with the split copies (GraphSAGE, GCN) or where run BA
 # put predictive above reactive (Llama at batch 8, GCN) first, then the rest in the
-# manifest's order, as far as 120 s allow.
+# manifest's order, as far as 60 s allow.
 m=$root/training-data/corpus/manifest.tsv; r=$root/training-data/corpus/runBC.tsv
 first='^test/(sage_dyngraph|gcn_fixed_200k|llama_b8_s1024_bf16_adamw|wav2vec2_dynlen_b8)\.mctrace\t'
 { head -1 $m; grep -P "$first" $m; tail -n +2 $m | grep -vP "$first"; } > $r
-"$here/tier_replays_gpu.sh" $OUT/split $r test 0.6 120
+"$here/tier_replays_gpu.sh" $OUT/split $r test 0.6 60
 echo "total $(( $(date +%s) - start )) s"

@@ -181,6 +181,14 @@ impl CostModel {
                 false => Err("a time from 0 to 1e9 us"),
             }
         };
+        // Values as written: `1e308`, not its 309 digits.
+        let show = |v: f64| {
+            if v != 0.0 && !(1e-4..1e9).contains(&v.abs()) {
+                format!("{v:e}")
+            } else {
+                format!("{v}")
+            }
+        };
         let tables: [(&str, &Table, bool); 9] = [
             ("malloc", &self.malloc, false),
             ("free", &self.free, false),
@@ -200,10 +208,12 @@ impl CostModel {
             for (i, &(bytes, v)) in table.iter().enumerate() {
                 if !(bytes > last && bytes <= 1e18) {
                     return Err(format!(
-                        "`{name}` row {i}: size {bytes} is not above the row before and at most 1e18 bytes"
+                        "`{name}` row {i}: size {} is not above the row before and at most 1e18 bytes",
+                        show(bytes)
                     ));
                 }
-                check(v, rate).map_err(|what| format!("`{name}` row {i}: {v} is not {what}"))?;
+                check(v, rate)
+                    .map_err(|what| format!("`{name}` row {i}: {} is not {what}", show(v)))?;
                 last = bytes;
             }
         }
@@ -217,7 +227,7 @@ impl CostModel {
             ("unmap_page_us", self.unmap_page_us, false),
         ];
         for (name, v, rate) in scalars {
-            check(v, rate).map_err(|what| format!("`{name}` is {v}, not {what}"))?;
+            check(v, rate).map_err(|what| format!("`{name}` is {}, not {what}", show(v)))?;
         }
         Ok(())
     }
@@ -308,6 +318,10 @@ mod tests {
         bad(|c| c.h2d_pinned[1].0 = 1.0, "`h2d_pinned` row 1");
         bad(|c| c.d2h_pageable[2].1 = 0.0, "`d2h_pageable` row 2");
         bad(|c| c.free[0].1 = f64::NAN, "`free` row 0");
+        bad(
+            |c| c.duplex_gbps = 1e308,
+            "`duplex_gbps` is 1e308, not a bandwidth",
+        );
         bad(|c| c.malloc[3].1 = -1.0, "`malloc` row 3");
         bad(
             |c| c.host_free_pinned[0].0 = f64::INFINITY,
