@@ -198,6 +198,10 @@ fn messages_name_the_cause() {
     let plot = d.path().join("no/such/dir/x.png").display().to_string();
     let e = fails_with(&["trace", "plot", &t, "-o", &plot], &["does not exist"]);
     assert!(!e.contains("Error(") && !e.contains("Os {"), "{e}");
+    fails_with(
+        &["--log", "[[[", "trace", "stats", &t],
+        &["--log \"[[[\": not a log filter"],
+    );
     let bad = d.path().join("bad.safetensors");
     std::fs::write(&bad, b"abc").unwrap();
     let e = fails_with(

@@ -233,6 +233,17 @@ pub fn parse(data: &[u8]) -> Result<Pickle<'_>, TraceError> {
         },
     };
     p.out.root = p.run()?;
+    // A snapshot file holds one pickle: bytes after its STOP are a damaged or
+    // concatenated file, not something to drop silently.
+    if p.pos < data.len() {
+        return Err(TraceError::Pickle {
+            offset: p.pos as u64,
+            what: format!(
+                "{} bytes after the pickle's end (one pickle per file)",
+                data.len() - p.pos
+            ),
+        });
+    }
     Ok(p.out)
 }
 

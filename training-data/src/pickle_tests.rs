@@ -47,6 +47,20 @@ fn every_truncation_is_an_error_not_a_panic() {
 }
 
 #[test]
+fn bytes_after_the_pickles_end_are_refused_with_their_offset() {
+    let mut d = SAMPLE.to_vec();
+    d.extend_from_slice(b"junk");
+    let e = parse(&d).expect_err("trailing bytes").to_string();
+    assert_eq!(
+        e,
+        format!(
+            "pickle: 4 bytes after the pickle's end (one pickle per file) at byte offset {}",
+            SAMPLE.len()
+        )
+    );
+}
+
+#[test]
 fn refuses_code_execution_opcodes_with_offset() {
     // pickle.dumps(print, 4) -> STACK_GLOBAL at offset 30
     let evil = b"\x80\x04\x95\x16\x00\x00\x00\x00\x00\x00\x00\x8c\x08builtins\x94\x8c\x05print\x94\x93\x94.";
