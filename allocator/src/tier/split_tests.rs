@@ -2,34 +2,51 @@
 //! bytes come back from both, and a failure of either part leaves the tensor where it
 //! was. On [`Deferred`](super::deferred::Deferred), as the integrity tests.
 
+use crate::backend::layers::FailSwitch;
+
 use super::handle::Place;
 use super::manager::{TensorOpts, TierManager};
 use super::tests::{manager_with_pool, pattern, read, write, TestBackend};
-use super::TierError;
+use super::{TensorHandle, TierError};
 
-/// A copy the pinned pool has room for only in two ranges goes there in two parts,
-/// not to pageable memory, and its bytes come back intact.
-#[test]
-fn a_copy_the_pool_holds_only_in_two_ranges_is_split_over_them() {
-    let (mut m, _) = manager_with_pool(1, 256 << 10);
-    let kib = 1u64 << 10;
-    let put = |m: &mut TierManager<TestBackend>, seed: u64, bytes: u64| {
-        let h = m.register(bytes, TensorOpts::default()).unwrap();
-        write(m, h, &pattern(seed, bytes)).unwrap();
-        h
-    };
-    let hs: Vec<_> = (0..4).map(|i| put(&mut m, i, 64 * kib)).collect();
+const KIB: u64 = 1 << 10;
+
+/// A registered tensor of `bytes` holding `pattern(seed, ..)`.
+fn put(m: &mut TierManager<TestBackend>, seed: u64, bytes: u64) -> TensorHandle {
+    let h = m.register(bytes, TensorOpts::default()).unwrap();
+    write(m, h, &pattern(seed, bytes)).unwrap();
+    h
+}
+
+/// A 256 KiB pinned pool filled by four 64 KiB spills, the first and third freed: two
+/// 64 KiB holes, not next to each other (128 KiB free, no range of 128 KiB); and a
+/// 128 KiB tensor on the device, which only both holes can hold. The four, and it.
+fn scattered_pool() -> (
+    TierManager<TestBackend>,
+    FailSwitch,
+    Vec<TensorHandle>,
+    TensorHandle,
+) {
+    let (mut m, switch) = manager_with_pool(1, 256 << 10);
+    let hs: Vec<_> = (0..4).map(|i| put(&mut m, i, 64 * KIB)).collect();
     m.end_step();
     for &h in &hs {
         assert!(m.spill(h).unwrap());
     }
     m.synchronize().unwrap();
     assert_eq!(m.stats().spills_warm, 4, "the four fill the pool");
-    // Two 64 KiB holes, not next to each other: 128 KiB free, no range of 128 KiB.
     m.free(hs[0]).unwrap();
     m.free(hs[2]).unwrap();
-    let big = put(&mut m, 9, 128 * kib);
+    let big = put(&mut m, 9, 128 * KIB);
     m.end_step();
+    (m, switch, hs, big)
+}
+
+/// A copy the pinned pool has room for only in two ranges goes there in two parts,
+/// not to pageable memory, and its bytes come back intact.
+#[test]
+fn a_copy_the_pool_holds_only_in_two_ranges_is_split_over_them() {
+    let (mut m, _, hs, big) = scattered_pool();
     assert!(m.spill(big).unwrap());
     m.synchronize().unwrap();
     let s = m.stats();
@@ -38,11 +55,11 @@ fn a_copy_the_pool_holds_only_in_two_ranges_is_split_over_them() {
     m.check_invariants().unwrap();
     // Another tensor written where `big` was, so that its bytes can only come back
     // from the two host ranges.
-    let _over = put(&mut m, 10, 128 * kib);
+    let _over = put(&mut m, 10, 128 * KIB);
     m.end_step();
-    assert_eq!(read(&mut m, big).unwrap(), pattern(9, 128 * kib));
-    assert_eq!(read(&mut m, hs[1]).unwrap(), pattern(1, 64 * kib));
-    assert_eq!(read(&mut m, hs[3]).unwrap(), pattern(3, 64 * kib));
+    assert_eq!(read(&mut m, big).unwrap(), pattern(9, 128 * KIB));
+    assert_eq!(read(&mut m, hs[1]).unwrap(), pattern(1, 64 * KIB));
+    assert_eq!(read(&mut m, hs[3]).unwrap(), pattern(3, 64 * KIB));
     m.check_invariants().unwrap();
 }
 
@@ -51,23 +68,7 @@ fn a_copy_the_pool_holds_only_in_two_ranges_is_split_over_them() {
 /// pool (out) or the device block is freed (in).
 #[test]
 fn a_split_copy_whose_second_part_fails_leaves_the_tensor_in_place() {
-    let (mut m, switch) = manager_with_pool(1, 256 << 10);
-    let kib = 1u64 << 10;
-    let put = |m: &mut TierManager<TestBackend>, seed: u64, bytes: u64| {
-        let h = m.register(bytes, TensorOpts::default()).unwrap();
-        write(m, h, &pattern(seed, bytes)).unwrap();
-        h
-    };
-    let hs: Vec<_> = (0..4).map(|i| put(&mut m, i, 64 * kib)).collect();
-    m.end_step();
-    for &h in &hs {
-        assert!(m.spill(h).unwrap());
-    }
-    m.synchronize().unwrap();
-    m.free(hs[0]).unwrap();
-    m.free(hs[2]).unwrap();
-    let big = put(&mut m, 9, 128 * kib);
-    m.end_step();
+    let (mut m, switch, _, big) = scattered_pool();
     let free = m.staging.free_bytes();
     switch.fail_copies_after(1, 1);
     assert!(!m.spill(big).unwrap(), "the second part failed");
@@ -78,7 +79,7 @@ fn a_split_copy_whose_second_part_fails_leaves_the_tensor_in_place() {
     assert!(m.spill(big).unwrap());
     m.synchronize().unwrap();
     m.check_invariants().unwrap();
-    let _over = put(&mut m, 10, 128 * kib);
+    let _over = put(&mut m, 10, 128 * KIB);
     m.end_step();
     let device = m.alloc.stats().allocated.current;
     switch.fail_copies_after(1, 1);
@@ -88,6 +89,6 @@ fn a_split_copy_whose_second_part_fails_leaves_the_tensor_in_place() {
     assert_eq!(m.alloc.stats().allocated.current, device, "the block freed");
     m.check_invariants().unwrap();
     m.end_step();
-    assert_eq!(read(&mut m, big).unwrap(), pattern(9, 128 * kib));
+    assert_eq!(read(&mut m, big).unwrap(), pattern(9, 128 * KIB));
     m.check_invariants().unwrap();
 }

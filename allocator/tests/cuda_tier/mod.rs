@@ -32,10 +32,11 @@ fn relocation_program_on_host_memory() {
     relocation_program(HostBackend::new(64 * MIB));
 }
 
-/// The program of `relocation_moves_tensors_with_device_copies` on `backend`; its
-/// figures.
-fn relocation_program<B: DeviceBackend>(backend: B) -> serde_json::Value {
-    let (device, slot) = (2 * MIB, 64 << 10);
+/// A tier manager on fixed segments under a cap of `device` bytes with a 4 MiB pinned
+/// pool, that moves tensors only where it must: no watermark spills (only the
+/// out-of-memory path and explicit spills move tensors out), and no prefetch before
+/// an access.
+fn quiet_manager<B: DeviceBackend>(backend: B, device: u64) -> TierManager<Limit<B>> {
     let cfg = AllocConfig {
         growable_segments: false,
         ..AllocConfig::default()
@@ -43,14 +44,20 @@ fn relocation_program<B: DeviceBackend>(backend: B) -> serde_json::Value {
     let alloc = Allocator::new(Limit::new(backend, device), cfg).unwrap();
     let tiers = TierConfig {
         budget: device,
-        // Only the out-of-memory path moves tensors.
         high_watermark: 1.0,
         low_watermark: 1.0,
         prefetch_watermark: 0.01,
         staging_bytes: 4 * MIB,
         ..TierConfig::default()
     };
-    let mut m = TierManager::new(alloc, tiers).unwrap();
+    TierManager::new(alloc, tiers).unwrap()
+}
+
+/// The program of `relocation_moves_tensors_with_device_copies` on `backend`; its
+/// figures.
+fn relocation_program<B: DeviceBackend>(backend: B) -> serde_json::Value {
+    let (device, slot) = (2 * MIB, 64 << 10);
+    let mut m = quiet_manager(backend, device);
     let mut by_addr = Vec::new();
     for _ in 0..device / slot {
         let h = m.register(slot, TensorOpts::default()).unwrap();
@@ -131,23 +138,7 @@ fn fill(seed: u64, bytes: u64) -> Vec<u8> {
 }
 
 fn split_spill_program<B: DeviceBackend>(backend: B) -> serde_json::Value {
-    let device = 16 * MIB;
-    let cfg = AllocConfig {
-        growable_segments: false,
-        ..AllocConfig::default()
-    };
-    let alloc = Allocator::new(Limit::new(backend, device), cfg).unwrap();
-    let tiers = TierConfig {
-        budget: device,
-        // Only the explicit spills move tensors out, and nothing comes back before its
-        // access.
-        high_watermark: 1.0,
-        low_watermark: 1.0,
-        prefetch_watermark: 0.01,
-        staging_bytes: 4 * MIB,
-        ..TierConfig::default()
-    };
-    let mut m = TierManager::new(alloc, tiers).unwrap();
+    let mut m = quiet_manager(backend, 16 * MIB);
     let put = |m: &mut TierManager<Limit<B>>, i: u64, bytes: u64| {
         let h = m.register(bytes, TensorOpts::default()).unwrap();
         let p = m.access(h, true).unwrap();
