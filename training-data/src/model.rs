@@ -153,8 +153,17 @@ impl Trace {
     /// Checks the invariants in the module docs; the error names the first bad event.
     pub fn validate(&self) -> Result<(), TraceError> {
         let max = crate::limits::MAX_TRACE_BYTES;
-        let too_large = |what: &str, bytes: u64| {
-            format!("{what} of {bytes} bytes, above the limit of {max} (MAX_TRACE_BYTES)")
+        // The error for `bytes` (named `one`) that bring the live sum to `live` (named
+        // `all`), if either passes the limit: the one that does is the one printed.
+        let over = |bytes: u64, live: u64, one: &str, all: &str| {
+            let (what, n) = match (bytes > max, live > max) {
+                (true, _) => (one, bytes),
+                (false, true) => (all, live),
+                (false, false) => return None,
+            };
+            Some(format!(
+                "{what} of {n} bytes, above the limit of {max} (MAX_TRACE_BYTES)"
+            ))
         };
         let mut live: std::collections::HashMap<TensorId, u64> = Default::default();
         // Invariant: live_bytes = sum of `live`'s values <= MAX_TRACE_BYTES.
@@ -168,18 +177,8 @@ impl Trace {
                 });
             }
             live_bytes = live_bytes.saturating_add(b.bytes);
-            if b.bytes > max || live_bytes > max {
-                return Err(TraceError::InvalidStatic {
-                    index,
-                    what: too_large(
-                        if b.bytes > max {
-                            "a block"
-                        } else {
-                            "static blocks"
-                        },
-                        b.bytes.max(live_bytes),
-                    ),
-                });
+            if let Some(what) = over(b.bytes, live_bytes, "a block", "static blocks") {
+                return Err(TraceError::InvalidStatic { index, what });
             }
         }
         let mut seen: std::collections::HashSet<TensorId> = live.keys().copied().collect();
@@ -202,18 +201,8 @@ impl Trace {
                         });
                     }
                     live_bytes = live_bytes.saturating_add(bytes);
-                    if bytes > max || live_bytes > max {
-                        return Err(TraceError::Invalid {
-                            index,
-                            what: too_large(
-                                if bytes > max {
-                                    "an allocation"
-                                } else {
-                                    "live tensors"
-                                },
-                                bytes.max(live_bytes),
-                            ),
-                        });
+                    if let Some(what) = over(bytes, live_bytes, "an allocation", "live tensors") {
+                        return Err(TraceError::Invalid { index, what });
                     }
                     live.insert(id, bytes);
                 }
@@ -288,6 +277,18 @@ mod tests {
         t.events.push(alloc(4, 1));
         let e = err(&t);
         assert!(e.starts_with("trace event 3: live tensors of"), "{e}");
+        // The allocation's own bytes, not the live sum it would make.
+        t.static_blocks = vec![block(9, 1 << 20)];
+        t.events = vec![alloc(1, max + 1)];
+        let e = err(&t);
+        assert!(
+            e.starts_with(&format!(
+                "trace event 0: an allocation of {} bytes",
+                max + 1
+            )),
+            "{e}"
+        );
+        t.static_blocks.clear();
         t.events = vec![alloc(1, u64::MAX)];
         let e = err(&t);
         assert!(
