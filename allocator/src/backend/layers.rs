@@ -247,6 +247,10 @@ pub struct FailPlan {
     pub pass_copies: u64,
     /// Fail this many of the next host-buffer allocations.
     pub fail_next_host_allocs: u64,
+    /// Fail this many of the next event records (`record_event`).
+    pub fail_next_records: u64,
+    /// Fail this many of the next stream synchronizations (`synchronize_stream`).
+    pub fail_next_stream_syncs: u64,
     /// How many failures were injected so far.
     pub injected: u64,
 }
@@ -278,6 +282,12 @@ impl FailSwitch {
     pub fn fail_next_host_allocs(&self, n: u64) {
         self.plan().fail_next_host_allocs = n;
     }
+    pub fn fail_next_records(&self, n: u64) {
+        self.plan().fail_next_records = n;
+    }
+    pub fn fail_next_stream_syncs(&self, n: u64) {
+        self.plan().fail_next_stream_syncs = n;
+    }
     pub fn injected(&self) -> u64 {
         self.plan().injected
     }
@@ -288,8 +298,8 @@ impl FailSwitch {
 }
 
 /// Injects failures on command: device allocations and maps fail as out of memory,
-/// copies, host allocations and (`fail_next_maps`) page maps with
-/// [`BackendError::Injected`].
+/// copies, host allocations, event records, stream synchronizations and
+/// (`fail_next_maps`) page maps with [`BackendError::Injected`].
 #[derive(Debug)]
 pub struct FailOnDemand<B> {
     pub inner: B,
@@ -403,6 +413,20 @@ impl<B: DeviceBackend> FailView<'_, B> {
             || format!("host allocation of {bytes} bytes"),
         )?;
         self.0.inner.allocate_host(bytes, pinned)
+    }
+    fn record_event(&mut self, e: super::EventId, s: StreamId) -> Result<(), BackendError> {
+        self.0.injected(
+            |p| &mut p.fail_next_records,
+            || format!("record of event {} on stream {s}", e.0),
+        )?;
+        self.0.inner.record_event(e, s)
+    }
+    fn synchronize_stream(&mut self, s: StreamId) -> Result<(), BackendError> {
+        self.0.injected(
+            |p| &mut p.fail_next_stream_syncs,
+            || format!("synchronization of stream {s}"),
+        )?;
+        self.0.inner.synchronize_stream(s)
     }
 }
 

@@ -3,12 +3,12 @@
 //! time inside copies with pageable memory, which return only once the host buffer is
 //! no longer needed.
 
-use crate::backend::{BackendError, DeviceBackend, DevicePtr, MemRef};
+use crate::backend::{DeviceBackend, DevicePtr, MemRef};
 
 use super::handle::TensorHandle;
 use super::manager::TierManager;
 use super::staging::HostLoc;
-use super::transfer::{Direction, TransferId};
+use super::transfer::{Direction, IssueError, TransferId};
 use super::TierError;
 
 impl<B: DeviceBackend> TierManager<B> {
@@ -70,7 +70,7 @@ impl<B: DeviceBackend> TierManager<B> {
         dev: DevicePtr,
         host: HostLoc,
         bytes: u64,
-    ) -> Result<TransferId, BackendError> {
+    ) -> Result<TransferId, IssueError> {
         let mut parts = [(MemRef::Device(dev), MemRef::Device(dev), 0u64); 2];
         let mut n = 0;
         let mut at = 0;

@@ -21,7 +21,7 @@ use super::schedule::OpUse;
 use super::spill::{LinkCost, LruK, MigrationCost, SpillPolicy};
 use super::staging::{HostLoc, StagingPool};
 pub use super::stats::TierStats;
-use super::transfer::{Completion, Direction, Done, Pipeline};
+use super::transfer::{Completion, Direction, Done, Pipeline, TransferId};
 use super::{TierConfig, TierError};
 
 /// How a tensor is registered.
@@ -549,9 +549,18 @@ impl<B: DeviceBackend> TierManager<B> {
         let r = self.issue_copy(Direction::Out, h, alloc.ptr, host, bytes);
         let transfer = match r {
             Ok(t) => t,
-            Err(_) => {
+            Err(e) => {
                 self.stats.transfer_failures += 1;
-                self.release_host(host)?;
+                match e.orphan {
+                    // Part of the copy is queued: the host range stays with it, and
+                    // the device block, the copy's source, stays out of reach as a
+                    // cancelled spill's does (`reader`).
+                    Some(id) => {
+                        self.orphan_buffers(id, None, Some(host))?;
+                        self.reg.get_mut(h)?.reader = Some(id);
+                    }
+                    None => self.release_host(host)?,
+                }
                 return Ok(false);
             }
         };
@@ -602,9 +611,9 @@ impl<B: DeviceBackend> TierManager<B> {
                 self.stats.prefetched_bytes += bytes;
                 Ok(true)
             }
-            Err(_) => {
+            Err(e) => {
                 self.stats.transfer_failures += 1;
-                self.alloc.deallocate(alloc, 0)?;
+                self.release_copy_target(e.orphan, alloc)?;
                 Ok(false)
             }
         }
@@ -624,10 +633,13 @@ impl<B: DeviceBackend> TierManager<B> {
         let r = self.issue_copy(Direction::In, h, alloc.ptr, host, bytes);
         let transfer = match r {
             Ok(t) => t,
-            Err(source) => {
+            Err(e) => {
                 self.stats.transfer_failures += 1;
-                self.alloc.deallocate(alloc, 0)?;
-                return Err(TierError::Transfer { handle: h, source });
+                self.release_copy_target(e.orphan, alloc)?;
+                return Err(TierError::Transfer {
+                    handle: h,
+                    source: e.source,
+                });
             }
         };
         self.reg.get_mut(h)?.place = Place::PrefetchingIn {
@@ -637,6 +649,37 @@ impl<B: DeviceBackend> TierManager<B> {
         };
         self.wait_for(transfer)?;
         Ok(alloc.ptr)
+    }
+
+    /// The device block a copy in failed to fill: freed, or, where part of the copy is
+    /// queued (`orphan`), held by that orphan until the copy lands. The tensor stays on
+    /// the host; its host copy, the queued part's source, stays its own (a source read
+    /// late writes only into the orphan's block).
+    fn release_copy_target(
+        &mut self,
+        orphan: Option<TransferId>,
+        alloc: Allocation,
+    ) -> Result<(), TierError> {
+        match orphan {
+            Some(id) => self.orphan_buffers(id, Some(alloc), None),
+            None => Ok(self.alloc.deallocate(alloc, 0)?),
+        }
+    }
+
+    /// Hands `device` and `host` to orphan `id`, released when its copies land.
+    fn orphan_buffers(
+        &mut self,
+        id: TransferId,
+        device: Option<Allocation>,
+        host: Option<HostLoc>,
+    ) -> Result<(), TierError> {
+        if self.pipe.orphan(id, Completion::Release { device, host }) {
+            Ok(())
+        } else {
+            Err(TierError::Invariant(format!(
+                "transfer {id:?} was to be an orphan in flight"
+            )))
+        }
     }
 
     /// With the `check-invariants` feature: check after every public operation.

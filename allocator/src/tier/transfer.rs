@@ -55,6 +55,16 @@ pub struct Done {
     pub completion: Completion,
 }
 
+/// A transfer [`Pipeline::issue`] could not queue whole.
+#[derive(Debug)]
+pub struct IssueError {
+    /// What failed (the first failure).
+    pub source: BackendError,
+    /// `Some(id)`: copies of it were queued and the device may still use its buffers:
+    /// hand them to orphan `id` rather than releasing them. `None`: release them.
+    pub orphan: Option<TransferId>,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct InFlight {
     done: Done,
@@ -69,6 +79,10 @@ pub struct Pipeline {
     // Invariant: each queue is in issue order (ids increasing).
     out: VecDeque<InFlight>,
     inn: VecDeque<InFlight>,
+    /// Orphans whose copies were queued with no event after them and whose stream
+    /// could not be synchronized: never complete, so their buffers are never released.
+    // Invariant: every completion here is `Completion::Release`.
+    stuck: Vec<Done>,
     next: u64,
     /// Bytes in flight per direction.
     pub out_bytes: u64,
@@ -85,6 +99,7 @@ impl Pipeline {
             in_stream,
             out: VecDeque::new(),
             inn: VecDeque::new(),
+            stuck: Vec::new(),
             next: 0,
             out_bytes: 0,
             in_bytes: 0,
@@ -100,89 +115,149 @@ impl Pipeline {
     }
 
     /// Queues the copies `parts` (`(dst, src, bytes)`, one transfer: a tensor whose
-    /// host copy is in two ranges) for tensor `handle`, one event after the last. On
-    /// error nothing is in flight (the event is destroyed again; parts already queued
-    /// are waited for, so that their buffers are safe to release).
+    /// host copy is in two ranges) for tensor `handle`, one event after the last.
+    ///
+    /// On error, [`IssueError::orphan`] says what became of the copies already queued
+    /// (a first part queued before the second failed, or all of them before the event
+    /// could not be recorded): `None` when nothing was queued or it was waited for,
+    /// so the caller may release the buffers; `Some(id)` when the device may still
+    /// read or write them: the transfer is then an orphan that the caller hands its
+    /// buffers to ([`Pipeline::orphan`], [`Pipeline::adopt_device`]) instead of
+    /// releasing them. Such an orphan completes with the event recorded after the
+    /// queued parts, or, where no event could be recorded and the stream could not be
+    /// synchronized either, never: its buffers are then held for the manager's life
+    /// (a device that fails both is broken; its memory is not given to anyone else).
     pub fn issue<B: DeviceBackend + ?Sized>(
         &mut self,
         backend: &mut B,
         dir: Direction,
         handle: TensorHandle,
         parts: &[(MemRef, MemRef, u64)],
-    ) -> Result<TransferId, BackendError> {
+    ) -> Result<TransferId, IssueError> {
         let stream = match dir {
             Direction::Out => self.out_stream,
             Direction::In => self.in_stream,
         };
-        let bytes = parts.iter().map(|p| p.2).sum();
-        let event = backend.create_event()?;
-        for (i, &(dst, src, n)) in parts.iter().enumerate() {
+        let nothing_queued = |source| IssueError {
+            source,
+            orphan: None,
+        };
+        let event = backend.create_event().map_err(nothing_queued)?;
+        let mut queued = 0u64;
+        let mut failure = None;
+        for &(dst, src, n) in parts {
             if let Err(e) = backend.copy(dst, src, n, Some(stream)) {
-                let _ = backend.destroy_event(event);
-                if i > 0 {
-                    backend.synchronize_stream(stream)?;
-                }
-                return Err(e);
+                failure = Some(e);
+                break;
             }
+            queued += n;
         }
-        if let Err(e) = backend.record_event(event, stream) {
-            // The copy is queued but cannot be tracked: wait for it here so that its
-            // buffers are safe to release, and report the failure.
-            let _ = backend.destroy_event(event);
-            backend.synchronize_stream(stream)?;
-            return Err(e);
+        let completion = match failure {
+            None => Completion::Finish,
+            Some(_) => Completion::Release {
+                device: None,
+                host: None,
+            },
+        };
+        if queued == 0 {
+            if let Some(e) = failure {
+                let _ = backend.destroy_event(event);
+                return Err(nothing_queued(e));
+            }
         }
         let id = TransferId(self.next);
         self.next += 1;
-        let f = InFlight {
-            done: Done {
-                id,
-                handle,
-                dir,
-                bytes,
-                completion: Completion::Finish,
-            },
-            event,
+        let done = Done {
+            id,
+            handle,
+            dir,
+            bytes: queued,
+            completion,
         };
+        if let Err(e) = backend.record_event(event, stream) {
+            // The copies are queued but cannot be tracked: wait for them here so that
+            // their buffers are safe to release.
+            let _ = backend.destroy_event(event);
+            let source = failure.unwrap_or(e);
+            return match backend.synchronize_stream(stream) {
+                Ok(()) => Err(nothing_queued(source)),
+                Err(sync) => {
+                    tracing::error!(
+                        "transfer {id:?}: {source}; the stream could not be synchronized                          ({sync}): its {queued} bytes of buffers are held for good"
+                    );
+                    self.stuck.push(Done {
+                        completion: Completion::Release {
+                            device: None,
+                            host: None,
+                        },
+                        ..done
+                    });
+                    Err(IssueError {
+                        source,
+                        orphan: Some(id),
+                    })
+                }
+            };
+        }
+        let f = InFlight { done, event };
         match dir {
             Direction::Out => {
                 self.out.push_back(f);
-                self.out_bytes += bytes;
+                self.out_bytes += queued;
             }
             Direction::In => {
                 self.inn.push_back(f);
-                self.in_bytes += bytes;
+                self.in_bytes += queued;
             }
         }
-        Ok(id)
+        match failure {
+            None => Ok(id),
+            Some(source) => Err(IssueError {
+                source,
+                orphan: Some(id),
+            }),
+        }
+    }
+
+    /// Transfers whose completion cannot be observed (see [`Pipeline::issue`]): their
+    /// buffers are never released.
+    pub fn stuck(&self) -> usize {
+        self.stuck.len()
     }
 
     /// Makes transfer `id` an orphan that releases `completion`'s buffers when done.
     /// Returns false if no such transfer is in flight.
     pub fn orphan(&mut self, id: TransferId, completion: Completion) -> bool {
-        for f in self.out.iter_mut().chain(self.inn.iter_mut()) {
-            if f.done.id == id {
-                f.done.completion = completion;
-                return true;
+        match self.find_mut(id) {
+            Some(d) => {
+                d.completion = completion;
+                true
             }
+            None => false,
         }
-        false
+    }
+
+    fn find_mut(&mut self, id: TransferId) -> Option<&mut Done> {
+        self.out
+            .iter_mut()
+            .chain(self.inn.iter_mut())
+            .map(|f| &mut f.done)
+            .chain(self.stuck.iter_mut())
+            .find(|d| d.id == id)
     }
 
     /// Gives the device block `device` to orphan `id` (released when it completes).
     /// Returns false if `id` is not an orphan in flight.
     pub fn adopt_device(&mut self, id: TransferId, device: Allocation) -> bool {
-        for f in self.out.iter_mut().chain(self.inn.iter_mut()) {
-            if f.done.id == id {
-                if let Completion::Release {
-                    device: d @ None, ..
-                } = &mut f.done.completion
-                {
-                    *d = Some(device);
-                    return true;
-                }
-                return false;
-            }
+        if let Some(Done {
+            completion: Completion::Release {
+                device: d @ None, ..
+            },
+            ..
+        }) = self.find_mut(id)
+        {
+            *d = Some(device);
+            return true;
         }
         false
     }
@@ -225,7 +300,7 @@ impl Pipeline {
 
     /// Blocks until transfer `id` and every earlier one of its direction completed
     /// (stream order); returns them all, oldest first. A transfer not in flight (already
-    /// done) returns nothing.
+    /// done) returns nothing; a stuck one is an error (it never completes).
     pub fn wait<B: DeviceBackend + ?Sized>(
         &mut self,
         backend: &mut B,
@@ -236,6 +311,10 @@ impl Pipeline {
             Direction::Out
         } else if self.inn.iter().any(|f| f.done.id == id) {
             Direction::In
+        } else if self.stuck.iter().any(|d| d.id == id) {
+            return Err(BackendError::Invalid(format!(
+                "transfer {id:?} cannot be waited for: its stream failed to synchronize"
+            )));
         } else {
             return Ok(());
         };
@@ -257,9 +336,14 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Every transfer in flight, spills first, each direction in issue order.
+    /// Every transfer in flight, spills first, each direction in issue order, then the
+    /// stuck ones.
     pub fn iter(&self) -> impl Iterator<Item = &Done> {
-        self.out.iter().chain(self.inn.iter()).map(|f| &f.done)
+        self.out
+            .iter()
+            .chain(self.inn.iter())
+            .map(|f| &f.done)
+            .chain(self.stuck.iter())
     }
 
     /// The oldest spill in flight, if any (what an out-of-memory path waits for first).
@@ -301,6 +385,13 @@ impl Pipeline {
                 "bytes in flight: out {ob} vs {}, in {ib} vs {}",
                 self.out_bytes, self.in_bytes
             ));
+        }
+        if self
+            .stuck
+            .iter()
+            .any(|d| d.completion == Completion::Finish)
+        {
+            return Err("a stuck transfer is not an orphan".into());
         }
         Ok(())
     }
