@@ -94,3 +94,41 @@ fn corpus_names_a_bad_split_and_a_missing_manifest() {
     let err = fails(&["corpus", "/nonexistent/manifest.tsv"]);
     assert!(err.contains("/nonexistent/manifest.tsv"), "{err}");
 }
+
+/// A corpus without PyTorch's figures still runs, and says which traces have none and
+/// where it looked (a missing file named as missing), rather than leaving the columns
+/// empty without a word.
+#[test]
+fn corpus_names_the_traces_it_has_no_pytorch_figures_for() {
+    let dir = common::scratch("corpus-figures");
+    let trace = "gcn_fixed_200k.mctrace";
+    std::fs::copy(
+        repo().join("training-data/corpus/test").join(trace),
+        dir.path().join(trace),
+    )
+    .unwrap();
+    let manifest = dir.path().join("manifest.tsv");
+    std::fs::write(
+        &manifest,
+        format!("file\tworkload\tfamily\tshapes\tsplit\tdescription\n{trace}\tgcn_copy\tgcn\tstatic\ttest\ta copy\n"),
+    )
+    .unwrap();
+    let run = || {
+        let o = common::memcast(&["corpus", manifest.to_str().unwrap(), "--json"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stderr).unwrap()
+    };
+    let err = run();
+    assert!(
+        err.contains("no PyTorch figures for 1 of 1 traces")
+            && err.contains("gcn_copy")
+            && err.contains("pytorch_allocator_figures.jsonl, which does not exist"),
+        "{err}"
+    );
+    std::fs::write(dir.path().join("pytorch_allocator_figures.jsonl"), "").unwrap();
+    let err = run();
+    assert!(
+        err.contains("no PyTorch figures for 1 of 1") && !err.contains("does not exist"),
+        "{err}"
+    );
+}

@@ -85,6 +85,31 @@ pub fn run(args: CorpusArgs) -> Result<()> {
         "{}: no trace in split {split}",
         args.manifest.display()
     );
+    let unmeasured: Vec<&str> = entries
+        .iter()
+        .filter(|e| figures(&corpus, &e.workload, "pytorch-native").is_none())
+        .map(|e| e.workload.as_str())
+        .collect();
+    if !unmeasured.is_empty() {
+        let at = args
+            .manifest
+            .parent()
+            .unwrap_or(std::path::Path::new("."))
+            .join(memcast_trace::corpus::FIGURES_FILE);
+        let state = if at.exists() {
+            ""
+        } else {
+            ", which does not exist"
+        };
+        eprintln!(
+            "warning: no PyTorch figures for {} of {} traces of split {split} in {}{state}; \
+             their PyTorch columns stay empty and they count in no comparison with PyTorch: {}",
+            unmeasured.len(),
+            entries.len(),
+            at.display(),
+            unmeasured.join(", ")
+        );
+    }
     let alloc = match &args.conf {
         Some(c) => memcast_alloc::AllocConfig::default()
             .with_conf_string(c)
