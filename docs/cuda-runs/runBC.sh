@@ -1,12 +1,12 @@
 #!/bin/bash
-# NOT RUN YET: no device machine could be started in the session that wrote it; no
-# figures of it exist. Run it, then record its results beside it.
 # Run BC: the CUDA backend tests at the code that copies a spill in two ranges of the
 # pinned pool where no single range holds it (`StagingPool::alloc(bytes, split)`,
 # `HostLoc::Warm { head, tail }`) and names a host buffer that cannot be allocated
 # (`BackendError::HostOutOfMemory`); then the whole held-out split tiered at 60%,
 # reactive against predictive, with scripts/tier_replays_gpu.sh (one round; every
 # replay's JSON in one file).
+# Ran on an H100 80GB HBM3 (the device given) at commit 71a9320: runBC-cuda-tests.log
+# (18 of 18), runBC-cuda-report.jsonl, runBC-split.jsonl (every test trace once, 303 s).
 # Staged with scripts/stage-gpu.sh .gpu; this script copied into .gpu; run from the
 # repository root; figures in $OUT.
 set -u
