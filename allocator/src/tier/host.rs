@@ -4,11 +4,12 @@
 //! no longer needed.
 
 use crate::backend::{DeviceBackend, DevicePtr, MemRef};
+use crate::pool::Allocation;
 
 use super::handle::TensorHandle;
 use super::manager::TierManager;
 use super::staging::HostLoc;
-use super::transfer::{Direction, IssueError, TransferId};
+use super::transfer::{Completion, Direction, IssueError, TransferId};
 use super::TierError;
 
 impl<B: DeviceBackend> TierManager<B> {
@@ -98,5 +99,36 @@ impl<B: DeviceBackend> TierManager<B> {
             self.stats.pageable_copied_bytes += bytes;
         }
         r
+    }
+
+    /// The device block a copy in failed to fill: freed, or, where part of the copy is
+    /// queued (`orphan`), held by that orphan until the copy lands. The tensor stays on
+    /// the host; its host copy, the queued part's source, stays its own, and goes to the
+    /// orphan if the tensor is freed first (`Pipeline::adopt_host`).
+    pub(super) fn release_copy_target(
+        &mut self,
+        orphan: Option<TransferId>,
+        alloc: Allocation,
+    ) -> Result<(), TierError> {
+        match orphan {
+            Some(id) => self.orphan_buffers(id, Some(alloc), None),
+            None => Ok(self.alloc.deallocate(alloc, 0)?),
+        }
+    }
+
+    /// Hands `device` and `host` to orphan `id`, released when its copies land.
+    pub(super) fn orphan_buffers(
+        &mut self,
+        id: TransferId,
+        device: Option<Allocation>,
+        host: Option<HostLoc>,
+    ) -> Result<(), TierError> {
+        if self.pipe.orphan(id, Completion::Release { device, host }) {
+            Ok(())
+        } else {
+            Err(TierError::Invariant(format!(
+                "transfer {id:?} was to be an orphan in flight"
+            )))
+        }
     }
 }

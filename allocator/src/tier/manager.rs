@@ -21,7 +21,7 @@ use super::schedule::OpUse;
 use super::spill::{LinkCost, LruK, MigrationCost, SpillPolicy};
 use super::staging::{HostLoc, StagingPool};
 pub use super::stats::TierStats;
-use super::transfer::{Completion, Direction, Done, Pipeline, TransferId};
+use super::transfer::{Completion, Direction, Done, Pipeline};
 use super::{TierConfig, TierError};
 
 /// How a tensor is registered.
@@ -346,6 +346,8 @@ impl<B: DeviceBackend> TierManager<B> {
             Place::Device { alloc }
                 if e.reader.is_some_and(|t| self.pipe.adopt_device(t, alloc)) => {}
             Place::Device { alloc } => self.alloc.deallocate(alloc, 0)?,
+            // A failed copy in whose queued part still reads it: released when it lands.
+            Place::Host { host } if self.pipe.adopt_host(h, host) => {}
             Place::Host { host } => self.release_host(host)?,
             Place::Dropped => {}
             Place::SpillingOut {
@@ -379,7 +381,9 @@ impl<B: DeviceBackend> TierManager<B> {
     }
 
     /// Waits for every transfer, frees every tensor, gives the pinned pool back and
-    /// returns the allocator (whose segments the caller may then release).
+    /// returns the allocator (whose segments the caller may then release). A stuck
+    /// transfer whose stream still cannot be synchronized is an error, and the pool
+    /// and the allocator are left as they are: the device may still use their memory.
     pub fn shutdown(mut self) -> Result<Allocator<B>, TierError> {
         self.synchronize()?;
         self.recompute_clear()?;
@@ -388,6 +392,15 @@ impl<B: DeviceBackend> TierManager<B> {
             self.free(h)?;
         }
         self.synchronize()?;
+        let mut done = std::mem::take(&mut self.done);
+        let r = self.pipe.settle_stuck(self.alloc.backend_mut(), &mut done);
+        self.finish_all(&mut done)?;
+        if let Err(source) = r {
+            return Err(TierError::Stuck {
+                transfers: self.pipe.stuck(),
+                source,
+            });
+        }
         self.staging.destroy(self.alloc.backend_mut())?;
         Ok(self.alloc)
     }
@@ -649,37 +662,6 @@ impl<B: DeviceBackend> TierManager<B> {
         };
         self.wait_for(transfer)?;
         Ok(alloc.ptr)
-    }
-
-    /// The device block a copy in failed to fill: freed, or, where part of the copy is
-    /// queued (`orphan`), held by that orphan until the copy lands. The tensor stays on
-    /// the host; its host copy, the queued part's source, stays its own (a source read
-    /// late writes only into the orphan's block).
-    fn release_copy_target(
-        &mut self,
-        orphan: Option<TransferId>,
-        alloc: Allocation,
-    ) -> Result<(), TierError> {
-        match orphan {
-            Some(id) => self.orphan_buffers(id, Some(alloc), None),
-            None => Ok(self.alloc.deallocate(alloc, 0)?),
-        }
-    }
-
-    /// Hands `device` and `host` to orphan `id`, released when its copies land.
-    fn orphan_buffers(
-        &mut self,
-        id: TransferId,
-        device: Option<Allocation>,
-        host: Option<HostLoc>,
-    ) -> Result<(), TierError> {
-        if self.pipe.orphan(id, Completion::Release { device, host }) {
-            Ok(())
-        } else {
-            Err(TierError::Invariant(format!(
-                "transfer {id:?} was to be an orphan in flight"
-            )))
-        }
     }
 
     /// With the `check-invariants` feature: check after every public operation.

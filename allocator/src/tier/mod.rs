@@ -78,6 +78,8 @@ mod replay_tests;
 #[cfg(test)]
 mod split_tests;
 #[cfg(test)]
+mod stuck_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod window_tests;
@@ -236,6 +238,16 @@ pub enum TierError {
     #[error("transfer of tensor {handle} failed, tensor kept where it was: {source}")]
     Transfer {
         handle: TensorHandle,
+        #[source]
+        source: BackendError,
+    },
+    /// At shutdown: copies whose stream cannot be synchronized may still use their
+    /// buffers, so the pinned pool and the allocator are not given back.
+    #[error(
+        "{transfers} copies hold their buffers and their stream cannot be synchronized: {source}"
+    )]
+    Stuck {
+        transfers: usize,
         #[source]
         source: BackendError,
     },

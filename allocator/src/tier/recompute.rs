@@ -422,16 +422,18 @@ impl<B: DeviceBackend> TierManager<B> {
         if dropped.is_empty() {
             return Ok(false);
         }
-        // No transfer may name the old handle: let its copies land.
+        // Let its copies land; a stuck one cannot be waited for, and is told the new
+        // handle instead.
         loop {
             let e = self.reg.get(h)?;
             match e.place.in_flight().or(e.reader) {
-                Some(t) => self.wait_for(t)?,
-                None => break,
+                Some(t) if !self.pipe.is_stuck(t) => self.wait_for(t)?,
+                _ => break,
             }
         }
         let e = self.reg.remove(h)?;
         let z = self.reg.insert(e);
+        self.pipe.rehandle(h, z);
         self.reg.get_mut(z)?.key = TensorKey::Persistent(z);
         let r = &mut self.recompute;
         r.dependents.remove(&h);

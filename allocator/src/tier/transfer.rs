@@ -80,7 +80,8 @@ pub struct Pipeline {
     out: VecDeque<InFlight>,
     inn: VecDeque<InFlight>,
     /// Orphans whose copies were queued with no event after them and whose stream
-    /// could not be synchronized: never complete, so their buffers are never released.
+    /// could not be synchronized: they complete when a later transfer of their
+    /// direction does, or when their stream synchronizes (`settle_stuck`).
     // Invariant: every completion here is `Completion::Release`.
     stuck: Vec<Done>,
     next: u64,
@@ -124,9 +125,11 @@ impl Pipeline {
     /// read or write them: the transfer is then an orphan that the caller hands its
     /// buffers to ([`Pipeline::orphan`], [`Pipeline::adopt_device`]) instead of
     /// releasing them. Such an orphan completes with the event recorded after the
-    /// queued parts, or, where no event could be recorded and the stream could not be
-    /// synchronized either, never: its buffers are then held for the manager's life
-    /// (a device that fails both is broken; its memory is not given to anyone else).
+    /// queued parts. Where no event could be recorded and the stream could not be
+    /// synchronized either, it is *stuck*: nothing says when its copies land but a
+    /// later transfer on the same stream (streams run in order), so it completes when
+    /// such a transfer does, or when [`Pipeline::settle_stuck`] synchronizes the
+    /// stream; until then its buffers go to no one else.
     pub fn issue<B: DeviceBackend + ?Sized>(
         &mut self,
         backend: &mut B,
@@ -183,7 +186,9 @@ impl Pipeline {
                 Ok(()) => Err(nothing_queued(source)),
                 Err(sync) => {
                     tracing::error!(
-                        "transfer {id:?}: {source}; the stream could not be synchronized                          ({sync}): its {queued} bytes of buffers are held for good"
+                        "transfer {id:?}: {source}; the stream could not be synchronized \
+                         ({sync}): its {queued} bytes of buffers are held until a later \
+                         copy on that stream completes"
                     );
                     self.stuck.push(Done {
                         completion: Completion::Release {
@@ -219,10 +224,97 @@ impl Pipeline {
         }
     }
 
-    /// Transfers whose completion cannot be observed (see [`Pipeline::issue`]): their
-    /// buffers are never released.
+    /// Transfers whose completion could not be observed (see [`Pipeline::issue`]) and
+    /// that no later transfer on their stream has completed after yet.
     pub fn stuck(&self) -> usize {
         self.stuck.len()
+    }
+
+    /// Whether `id` is stuck (waiting for it is an error; it completes with a later
+    /// transfer of its direction).
+    pub fn is_stuck(&self, id: TransferId) -> bool {
+        self.stuck.iter().any(|d| d.id == id)
+    }
+
+    /// Every transfer that names tensor `from` (in flight or stuck) names `to`.
+    pub fn rehandle(&mut self, from: TensorHandle, to: TensorHandle) {
+        for d in self
+            .out
+            .iter_mut()
+            .chain(self.inn.iter_mut())
+            .map(|f| &mut f.done)
+            .chain(self.stuck.iter_mut())
+        {
+            if d.handle == from {
+                d.handle = to;
+            }
+        }
+    }
+
+    /// Gives the host copy `host` of tensor `handle`, the source of a failed copy in
+    /// whose queued part may still read it, to the last such orphan (it completes
+    /// after the others: one stream, in order). False if there is none.
+    pub fn adopt_host(&mut self, handle: TensorHandle, host: HostLoc) -> bool {
+        let last = self
+            .inn
+            .iter_mut()
+            .map(|f| &mut f.done)
+            .chain(self.stuck.iter_mut().filter(|d| d.dir == Direction::In))
+            .filter(|d| {
+                d.handle == handle && matches!(d.completion, Completion::Release { host: None, .. })
+            })
+            .max_by_key(|d| d.id);
+        match last {
+            Some(Done {
+                completion: Completion::Release { host: h, .. },
+                ..
+            }) => {
+                *h = Some(host);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Stuck transfers of `dir` issued before `id`, which has completed: their copies
+    /// ran before its (one stream, in order). Moved to `done`.
+    fn landed_before(&mut self, dir: Direction, id: TransferId, done: &mut Vec<Done>) {
+        if self.stuck.is_empty() {
+            return;
+        }
+        let (landed, keep) = std::mem::take(&mut self.stuck)
+            .into_iter()
+            .partition(|d| d.dir == dir && d.id < id);
+        self.stuck = keep;
+        done.extend::<Vec<Done>>(landed);
+    }
+
+    /// Synchronizes the streams of the stuck transfers; those of a stream that
+    /// synchronizes are moved to `done`. The first failure is returned (its
+    /// transfers stay stuck).
+    pub fn settle_stuck<B: DeviceBackend + ?Sized>(
+        &mut self,
+        backend: &mut B,
+        done: &mut Vec<Done>,
+    ) -> Result<(), BackendError> {
+        let mut first = Ok(());
+        for (dir, stream) in [
+            (Direction::Out, self.out_stream),
+            (Direction::In, self.in_stream),
+        ] {
+            if !self.stuck.iter().any(|d| d.dir == dir) {
+                continue;
+            }
+            match backend.synchronize_stream(stream) {
+                Ok(()) => self.landed_before(dir, TransferId(u64::MAX), done),
+                Err(e) => {
+                    if first.is_ok() {
+                        first = Err(e);
+                    }
+                }
+            }
+        }
+        first
     }
 
     /// Makes transfer `id` an orphan that releases `completion`'s buffers when done.
@@ -292,6 +384,7 @@ impl Pipeline {
                 }
                 self.pop(dir);
                 let _ = backend.destroy_event(f.event);
+                self.landed_before(dir, f.done.id, done);
                 done.push(f.done);
             }
         }
@@ -300,7 +393,7 @@ impl Pipeline {
 
     /// Blocks until transfer `id` and every earlier one of its direction completed
     /// (stream order); returns them all, oldest first. A transfer not in flight (already
-    /// done) returns nothing; a stuck one is an error (it never completes).
+    /// done) returns nothing; a stuck one is an error (no event says when it lands).
     pub fn wait<B: DeviceBackend + ?Sized>(
         &mut self,
         backend: &mut B,
@@ -328,6 +421,7 @@ impl Pipeline {
         backend.synchronize_event(event)?;
         while let Some(f) = self.pop(dir) {
             let _ = backend.destroy_event(f.event);
+            self.landed_before(dir, f.done.id, done);
             done.push(f.done);
             if f.done.id == id {
                 break;
