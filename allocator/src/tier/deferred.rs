@@ -31,6 +31,18 @@ pub(crate) struct Deferred {
     /// a copy there stays in flight until it is waited for) and always runs the other
     /// streams' copies.
     pub(crate) hold_on_query: Option<StreamId>,
+    /// Panic if dropped while a queued copy has not run (its memory would be freed
+    /// under it): set by tests of code that must not let the backend go then.
+    pub(crate) refuse_drop_while_queued: bool,
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        let queued = self.queues.iter().map(|(q, _)| q.len()).sum::<usize>();
+        if self.refuse_drop_while_queued && queued > 0 && !std::thread::panicking() {
+            panic!("backend dropped with {queued} queued copies, whose memory it frees");
+        }
+    }
 }
 
 fn addr(m: MemRef) -> u64 {
@@ -49,6 +61,7 @@ impl Deferred {
             rng: seed | 1,
             host_buffers: 0,
             hold_on_query: None,
+            refuse_drop_while_queued: false,
         }
     }
     fn coin(&mut self) -> bool {

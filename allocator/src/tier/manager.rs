@@ -382,8 +382,9 @@ impl<B: DeviceBackend> TierManager<B> {
 
     /// Waits for every transfer, frees every tensor, gives the pinned pool back and
     /// returns the allocator (whose segments the caller may then release). A stuck
-    /// transfer whose stream still cannot be synchronized is an error, and the pool
-    /// and the allocator are left as they are: the device may still use their memory.
+    /// transfer whose stream still cannot be synchronized is an error
+    /// ([`TierError::Stuck`]), and the manager, its pool and its allocator (with the
+    /// backend) are leaked, not dropped: the device may still use their memory.
     pub fn shutdown(mut self) -> Result<Allocator<B>, TierError> {
         self.synchronize()?;
         self.recompute_clear()?;
@@ -394,13 +395,15 @@ impl<B: DeviceBackend> TierManager<B> {
         self.synchronize()?;
         let mut done = std::mem::take(&mut self.done);
         let r = self.pipe.settle_stuck(self.alloc.backend_mut(), &mut done);
-        self.finish_all(&mut done)?;
+        let r2 = self.finish_all(&mut done);
         if let Err(source) = r {
-            return Err(TierError::Stuck {
-                transfers: self.pipe.stuck(),
-                source,
-            });
+            let transfers = self.pipe.stuck();
+            // Dropping the manager would drop the backend, whose memory (the pool, the
+            // segments) the stuck copies may still use: it is leaked instead.
+            std::mem::forget(self);
+            return Err(TierError::Stuck { transfers, source });
         }
+        r2?;
         self.staging.destroy(self.alloc.backend_mut())?;
         Ok(self.alloc)
     }
@@ -458,6 +461,11 @@ impl<B: DeviceBackend> TierManager<B> {
         let mut done = std::mem::take(&mut self.done);
         let t0 = self.alloc.backend().now_us();
         let r = self.pipe.wait_all(self.alloc.backend_mut(), &mut done);
+        if r.is_ok() && self.pipe.stuck() > 0 {
+            // A stream that synchronizes now lands its stuck copies; one that still
+            // fails keeps them stuck (their buffers held), which is no error here.
+            let _ = self.pipe.settle_stuck(self.alloc.backend_mut(), &mut done);
+        }
         self.stats.transfer_stall_us += self.alloc.backend().now_us() - t0;
         let r2 = self.finish_all(&mut done);
         self.done = done;

@@ -157,11 +157,12 @@ fn a_queued_copy_that_cannot_be_tracked_or_waited_for_holds_its_buffers() {
     switch.fail_next_stream_syncs(1);
     assert!(!m.spill(big).unwrap());
     assert_eq!(m.pipe.stuck(), 1);
+    switch.fail_next_stream_syncs(1);
     m.synchronize().unwrap();
     assert_eq!(
         m.staging.free_bytes(),
         free - 128 * KIB,
-        "the copy's two ranges held"
+        "the copy's two ranges held while the stream fails"
     );
     m.check_invariants().unwrap();
     assert!(
@@ -189,6 +190,7 @@ fn a_queued_copy_that_cannot_be_tracked_or_waited_for_holds_its_buffers() {
     switch.fail_next_stream_syncs(1);
     let e = m.access(big, false).unwrap_err();
     assert!(matches!(e, TierError::Transfer { .. }), "{e}");
+    switch.fail_next_stream_syncs(1);
     m.synchronize().unwrap();
     assert_eq!(m.alloc.stats().allocated.current, device + 128 * KIB);
     m.check_invariants().unwrap();

@@ -30,7 +30,8 @@ fn untrackable(switch: &FailSwitch) {
 
 /// A stuck spill holds its pool range until a later spill on the same stream lands,
 /// then gives it back; a stuck one left at shutdown is settled there when the stream
-/// synchronizes, and is an error, with nothing given back, when it does not.
+/// synchronizes, and is an error when it does not (the manager is then leaked, its
+/// memory with it).
 #[test]
 fn a_stuck_copy_is_released_when_a_later_copy_on_its_stream_lands() {
     let (mut m, switch) = manager_with_pool(1, 256 * KIB);
@@ -41,6 +42,7 @@ fn a_stuck_copy_is_released_when_a_later_copy_on_its_stream_lands() {
     untrackable(&switch);
     assert!(!m.spill(a).unwrap(), "its event could not be recorded");
     assert_eq!(m.pipe.stuck(), 1);
+    switch.fail_next_stream_syncs(1);
     m.synchronize().unwrap();
     assert_eq!(m.staging.free_bytes(), free - 64 * KIB, "held while stuck");
     m.check_invariants().unwrap();
@@ -75,9 +77,45 @@ fn a_stuck_copy_is_released_when_a_later_copy_on_its_stream_lands() {
     m.end_step();
     untrackable(&switch);
     assert!(!m.spill(a).unwrap());
-    switch.fail_next_stream_syncs(1);
+    // Every synchronization of the stream fails from here on; the backend must not be
+    // dropped (it frees its memory) while the stuck copy is queued.
+    switch.fail_next_stream_syncs(u64::MAX);
+    m.alloc.backend_mut().inner.refuse_drop_while_queued = true;
     let e = m.shutdown().unwrap_err();
     assert!(matches!(e, TierError::Stuck { transfers: 1, .. }), "{e}");
+}
+
+/// A stream that synchronizes later lands its stuck copies: inside the next failed
+/// issue (its event not recorded, the stream synchronized), or in `synchronize`.
+#[test]
+fn a_stuck_copy_lands_when_its_stream_synchronizes() {
+    let (mut m, switch) = manager_with_pool(1, 256 * KIB);
+    let a = put(&mut m, 1, 64 * KIB);
+    let b = put(&mut m, 2, 64 * KIB);
+    m.end_step();
+    let free = m.staging.free_bytes();
+    untrackable(&switch);
+    assert!(!m.spill(a).unwrap());
+    switch.fail_next_records(1);
+    assert!(
+        !m.spill(b).unwrap(),
+        "its event not recorded, the stream synchronized"
+    );
+    assert_eq!(m.pipe.stuck(), 0);
+    m.poll().unwrap();
+    assert_eq!(m.staging.free_bytes(), free, "a's range back");
+    m.check_invariants().unwrap();
+    untrackable(&switch);
+    assert!(!m.spill(a).unwrap());
+    assert_eq!(m.pipe.stuck(), 1);
+    m.synchronize().unwrap();
+    assert_eq!(m.pipe.stuck(), 0);
+    assert_eq!(m.staging.free_bytes(), free);
+    m.check_invariants().unwrap();
+    assert!(m.spill(a).unwrap() && m.spill(b).unwrap());
+    m.synchronize().unwrap();
+    assert_eq!(read(&mut m, a).unwrap(), pattern(1, 64 * KIB));
+    assert_eq!(read(&mut m, b).unwrap(), pattern(2, 64 * KIB));
 }
 
 /// A tensor on the host whose copy in got stuck, freed: its host buffer (here pageable

@@ -84,6 +84,9 @@ pub struct Pipeline {
     /// direction does, or when their stream synchronizes (`settle_stuck`).
     // Invariant: every completion here is `Completion::Release`.
     stuck: Vec<Done>,
+    /// Stuck transfers found landed by a synchronization inside `issue`: handed back by
+    /// the next `poll`, `wait` or `wait_all`.
+    landed: Vec<Done>,
     next: u64,
     /// Bytes in flight per direction.
     pub out_bytes: u64,
@@ -101,6 +104,7 @@ impl Pipeline {
             out: VecDeque::new(),
             inn: VecDeque::new(),
             stuck: Vec::new(),
+            landed: Vec::new(),
             next: 0,
             out_bytes: 0,
             in_bytes: 0,
@@ -183,7 +187,13 @@ impl Pipeline {
             let _ = backend.destroy_event(event);
             let source = failure.unwrap_or(e);
             return match backend.synchronize_stream(stream) {
-                Ok(()) => Err(nothing_queued(source)),
+                Ok(()) => {
+                    // Everything queued on the stream ran, stuck copies included.
+                    let mut landed = std::mem::take(&mut self.landed);
+                    self.landed_before(dir, TransferId(u64::MAX), &mut landed);
+                    self.landed = landed;
+                    Err(nothing_queued(source))
+                }
                 Err(sync) => {
                     tracing::error!(
                         "transfer {id:?}: {source}; the stream could not be synchronized \
@@ -372,6 +382,7 @@ impl Pipeline {
         backend: &mut B,
         done: &mut Vec<Done>,
     ) -> Result<(), BackendError> {
+        done.append(&mut self.landed);
         for dir in [Direction::Out, Direction::In] {
             loop {
                 let front = match dir {
@@ -400,6 +411,7 @@ impl Pipeline {
         id: TransferId,
         done: &mut Vec<Done>,
     ) -> Result<(), BackendError> {
+        done.append(&mut self.landed);
         let dir = if self.out.iter().any(|f| f.done.id == id) {
             Direction::Out
         } else if self.inn.iter().any(|f| f.done.id == id) {
@@ -438,6 +450,7 @@ impl Pipeline {
             .chain(self.inn.iter())
             .map(|f| &f.done)
             .chain(self.stuck.iter())
+            .chain(self.landed.iter())
     }
 
     /// The oldest spill in flight, if any (what an out-of-memory path waits for first).
@@ -451,6 +464,7 @@ impl Pipeline {
         backend: &mut B,
         done: &mut Vec<Done>,
     ) -> Result<(), BackendError> {
+        done.append(&mut self.landed);
         for dir in [Direction::Out, Direction::In] {
             let last = match dir {
                 Direction::Out => self.out.back(),
