@@ -189,9 +189,7 @@ impl Pipeline {
             return match backend.synchronize_stream(stream) {
                 Ok(()) => {
                     // Everything queued on the stream ran, stuck copies included.
-                    let mut landed = std::mem::take(&mut self.landed);
-                    self.landed_before(dir, TransferId(u64::MAX), &mut landed);
-                    self.landed = landed;
+                    land(&mut self.stuck, dir, TransferId(u64::MAX), &mut self.landed);
                     Err(nothing_queued(source))
                 }
                 Err(sync) => {
@@ -248,17 +246,18 @@ impl Pipeline {
 
     /// Every transfer that names tensor `from` (in flight or stuck) names `to`.
     pub fn rehandle(&mut self, from: TensorHandle, to: TensorHandle) {
-        for d in self
-            .out
+        for d in self.dones_mut().filter(|d| d.handle == from) {
+            d.handle = to;
+        }
+    }
+
+    /// Every transfer in flight and every stuck one.
+    fn dones_mut(&mut self) -> impl Iterator<Item = &mut Done> {
+        self.out
             .iter_mut()
             .chain(self.inn.iter_mut())
             .map(|f| &mut f.done)
             .chain(self.stuck.iter_mut())
-        {
-            if d.handle == from {
-                d.handle = to;
-            }
-        }
     }
 
     /// Gives the host copy `host` of tensor `handle`, the source of a failed copy in
@@ -266,12 +265,11 @@ impl Pipeline {
     /// after the others: one stream, in order). False if there is none.
     pub fn adopt_host(&mut self, handle: TensorHandle, host: HostLoc) -> bool {
         let last = self
-            .inn
-            .iter_mut()
-            .map(|f| &mut f.done)
-            .chain(self.stuck.iter_mut().filter(|d| d.dir == Direction::In))
+            .dones_mut()
             .filter(|d| {
-                d.handle == handle && matches!(d.completion, Completion::Release { host: None, .. })
+                d.dir == Direction::In
+                    && d.handle == handle
+                    && matches!(d.completion, Completion::Release { host: None, .. })
             })
             .max_by_key(|d| d.id);
         match last {
@@ -289,14 +287,7 @@ impl Pipeline {
     /// Stuck transfers of `dir` issued before `id`, which has completed: their copies
     /// ran before its (one stream, in order). Moved to `done`.
     fn landed_before(&mut self, dir: Direction, id: TransferId, done: &mut Vec<Done>) {
-        if self.stuck.is_empty() {
-            return;
-        }
-        let (landed, keep) = std::mem::take(&mut self.stuck)
-            .into_iter()
-            .partition(|d| d.dir == dir && d.id < id);
-        self.stuck = keep;
-        done.extend::<Vec<Done>>(landed);
+        land(&mut self.stuck, dir, id, done);
     }
 
     /// Synchronizes the streams of the stuck transfers; those of a stream that
@@ -340,12 +331,7 @@ impl Pipeline {
     }
 
     fn find_mut(&mut self, id: TransferId) -> Option<&mut Done> {
-        self.out
-            .iter_mut()
-            .chain(self.inn.iter_mut())
-            .map(|f| &mut f.done)
-            .chain(self.stuck.iter_mut())
-            .find(|d| d.id == id)
+        self.dones_mut().find(|d| d.id == id)
     }
 
     /// Gives the device block `device` to orphan `id` (released when it completes).
@@ -503,4 +489,17 @@ impl Pipeline {
         }
         Ok(())
     }
+}
+
+/// Moves the transfers of `stuck` of direction `dir` issued before `id` to `done`.
+/// O(stuck), nothing when none is stuck (the common case).
+fn land(stuck: &mut Vec<Done>, dir: Direction, id: TransferId, done: &mut Vec<Done>) {
+    if stuck.is_empty() {
+        return;
+    }
+    let (landed, keep): (Vec<Done>, Vec<Done>) = std::mem::take(stuck)
+        .into_iter()
+        .partition(|d| d.dir == dir && d.id < id);
+    *stuck = keep;
+    done.extend(landed);
 }
