@@ -10,22 +10,34 @@ use crate::backend::layers::FailSwitch;
 use super::handle::Place;
 use super::manager::{TensorOpts, TierManager};
 use super::tests::{
-    manager, manager_with_pool, pattern, read, write, Produced, TestBackend, TestProducer,
+    manager, manager_with_pool, pattern, put, read, write, Produced, TestBackend, TestProducer,
 };
 use super::{TensorHandle, TierError};
 
 const KIB: u64 = 1 << 10;
 
-fn put(m: &mut TierManager<TestBackend>, seed: u64, bytes: u64) -> TensorHandle {
-    let h = m.register(bytes, TensorOpts::default()).unwrap();
-    write(m, h, &pattern(seed, bytes)).unwrap();
-    h
-}
-
 /// The next copy fails to record its event and its stream fails to synchronize.
 fn untrackable(switch: &FailSwitch) {
     switch.fail_next_records(1);
     switch.fail_next_stream_syncs(1);
+}
+
+/// A manager with a 256 KiB pool and two 64 KiB tensors `a` and `b` on the device, the
+/// pool's free bytes, and the next copy set to get stuck (`untrackable`).
+fn two_tensors_next_copy_untrackable() -> (
+    TierManager<TestBackend>,
+    FailSwitch,
+    TensorHandle,
+    TensorHandle,
+    u64,
+) {
+    let (mut m, switch) = manager_with_pool(1, 256 * KIB);
+    let a = put(&mut m, 1, 64 * KIB);
+    let b = put(&mut m, 2, 64 * KIB);
+    m.end_step();
+    let free = m.staging.free_bytes();
+    untrackable(&switch);
+    (m, switch, a, b, free)
 }
 
 /// A stuck spill holds its pool range until a later spill on the same stream lands,
@@ -34,12 +46,7 @@ fn untrackable(switch: &FailSwitch) {
 /// memory with it).
 #[test]
 fn a_stuck_copy_is_released_when_a_later_copy_on_its_stream_lands() {
-    let (mut m, switch) = manager_with_pool(1, 256 * KIB);
-    let a = put(&mut m, 1, 64 * KIB);
-    let b = put(&mut m, 2, 64 * KIB);
-    m.end_step();
-    let free = m.staging.free_bytes();
-    untrackable(&switch);
+    let (mut m, switch, a, b, free) = two_tensors_next_copy_untrackable();
     assert!(!m.spill(a).unwrap(), "its event could not be recorded");
     assert_eq!(m.pipe.stuck(), 1);
     switch.fail_next_stream_syncs(1);
@@ -89,12 +96,7 @@ fn a_stuck_copy_is_released_when_a_later_copy_on_its_stream_lands() {
 /// issue (its event not recorded, the stream synchronized), or in `synchronize`.
 #[test]
 fn a_stuck_copy_lands_when_its_stream_synchronizes() {
-    let (mut m, switch) = manager_with_pool(1, 256 * KIB);
-    let a = put(&mut m, 1, 64 * KIB);
-    let b = put(&mut m, 2, 64 * KIB);
-    m.end_step();
-    let free = m.staging.free_bytes();
-    untrackable(&switch);
+    let (mut m, switch, a, b, free) = two_tensors_next_copy_untrackable();
     assert!(!m.spill(a).unwrap());
     switch.fail_next_records(1);
     assert!(

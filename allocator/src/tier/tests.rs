@@ -116,6 +116,13 @@ pub(super) fn write(
     Ok(())
 }
 
+/// A registered tensor of `bytes` holding `pattern(seed, ..)`.
+pub(super) fn put(m: &mut TierManager<TestBackend>, seed: u64, bytes: u64) -> TensorHandle {
+    let h = m.register(bytes, TensorOpts::default()).unwrap();
+    write(m, h, &pattern(seed, bytes)).unwrap();
+    h
+}
+
 pub(super) fn read(
     m: &mut TierManager<TestBackend>,
     h: TensorHandle,
