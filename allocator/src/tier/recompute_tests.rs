@@ -9,7 +9,7 @@ use crate::pool::Allocator;
 use super::handle::Place;
 use super::manager::{TensorOpts, TierManager};
 use super::replay::{replay_budgeted, Budget, TierReplayOptions};
-use super::tests::{manager, pattern, read, write, Produced, TestProducer};
+use super::tests::{manager, read, recomputable, Produced, TestProducer};
 use super::TierConfig;
 
 /// An allocator on a simulated 1 GiB device and tier settings for it: a manager's parts.
@@ -35,20 +35,8 @@ fn a_dropped_tensor_is_served_recomputed_and_charged() {
     let (mut m, _) = manager(1);
     let produced = std::sync::Arc::new(std::sync::Mutex::new(Produced::default()));
     m.set_producer(Box::new(TestProducer(produced.clone())));
-    let opts = TensorOpts {
-        recompute_us: 250.0,
-        ..TensorOpts::default()
-    };
     let x = m.register(96 << 10, TensorOpts::default()).unwrap();
-    let h = m.register(128 << 10, opts).unwrap();
-    m.set_recomputable(h, &[x]).unwrap();
-    let data = pattern(7, 128 << 10);
-    write(&mut m, h, &data).unwrap();
-    produced
-        .lock()
-        .unwrap()
-        .out
-        .insert(h, (data.clone(), 250.0));
+    let (h, data) = recomputable(&mut m, &produced, &[x], 7, 128 << 10, 250.0);
     assert!(!m.drop_tensor(h).unwrap(), "pinned by its step");
     m.end_step();
     let before = m.allocator().stats().requested.current;
@@ -101,6 +89,10 @@ fn a_dropped_tensor_is_served_recomputed_and_charged() {
     let (alloc, cfg) = sim_parts();
     let mut m = TierManager::new(alloc, cfg).unwrap();
     m.set_producer(Box::new(super::recompute::TimeOnly));
+    let opts = TensorOpts {
+        recompute_us: 250.0,
+        ..TensorOpts::default()
+    };
     let h = m.register(1 << 20, opts).unwrap();
     m.set_recomputable(h, &[]).unwrap();
     m.end_step();

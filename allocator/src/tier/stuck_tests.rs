@@ -8,9 +8,10 @@
 use crate::backend::layers::FailSwitch;
 
 use super::handle::Place;
-use super::manager::{TensorOpts, TierManager};
+use super::manager::TierManager;
 use super::tests::{
-    manager, manager_with_pool, pattern, put, read, write, Produced, TestBackend, TestProducer,
+    manager, manager_with_pool, pattern, put, read, recomputable, Produced, TestBackend,
+    TestProducer,
 };
 use super::{TensorHandle, TierError};
 
@@ -164,23 +165,7 @@ fn an_input_read_by_a_stuck_copy_is_kept_for_its_dropped_dependent() {
     let produced = std::sync::Arc::new(std::sync::Mutex::new(Produced::default()));
     m.set_producer(Box::new(TestProducer(produced.clone())));
     let x = put(&mut m, 1, 64 * KIB);
-    let h = m
-        .register(
-            128 * KIB,
-            TensorOpts {
-                recompute_us: 100.0,
-                ..TensorOpts::default()
-            },
-        )
-        .unwrap();
-    m.set_recomputable(h, &[x]).unwrap();
-    let data = pattern(2, 128 * KIB);
-    write(&mut m, h, &data).unwrap();
-    produced
-        .lock()
-        .unwrap()
-        .out
-        .insert(h, (data.clone(), 100.0));
+    let (h, data) = recomputable(&mut m, &produced, &[x], 2, 128 * KIB, 100.0);
     m.end_step();
     assert!(m.drop_tensor(h).unwrap());
     untrackable(&switch);

@@ -94,6 +94,29 @@ impl super::recompute::Producer<TestBackend> for TestProducer {
     }
 }
 
+/// A tensor of `bytes` holding `pattern(seed, ..)`, declared recomputable from `inputs`
+/// at `us` microseconds, the bytes recorded in `produced` for the test producer to
+/// write back. The tensor and its bytes.
+pub(super) fn recomputable(
+    m: &mut TierManager<TestBackend>,
+    produced: &std::sync::Mutex<Produced>,
+    inputs: &[TensorHandle],
+    seed: u64,
+    bytes: u64,
+    us: f64,
+) -> (TensorHandle, Vec<u8>) {
+    let opts = TensorOpts {
+        recompute_us: us,
+        ..TensorOpts::default()
+    };
+    let h = m.register(bytes, opts).unwrap();
+    m.set_recomputable(h, inputs).unwrap();
+    let data = pattern(seed, bytes);
+    write(m, h, &data).unwrap();
+    produced.lock().unwrap().out.insert(h, (data.clone(), us));
+    (h, data)
+}
+
 pub(super) fn pattern(seed: u64, len: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..len)
