@@ -9,8 +9,10 @@
 //!   when their copies complete.
 //! - If the allocation still fails (out of memory), the caller waits: first for spills
 //!   already in flight (oldest first), then for new spills it issues and waits for at
-//!   once, then for prefetches in flight (which make their tensors spillable), and
-//!   finally also spills prefetched tensors not yet used. Before each wait, while the
+//!   once, then for prefetches in flight (which make their tensors spillable) and
+//!   for stuck copies to land (their streams synchronized, which frees the device
+//!   blocks of stuck copies in), and finally also spills prefetched tensors not yet
+//!   used. Before each wait, while the
 //!   free bytes would hold the request, it first tries to open a block on the device
 //!   ([`relocate`](super::relocate), `TierConfig::relocate`). Only when nothing can
 //!   move does it return [`TierError::OutOfMemory`] with the bytes short.
@@ -102,6 +104,14 @@ impl<B: DeviceBackend> TierManager<B> {
                 while self.pipe.in_bytes > 0 {
                     self.synchronize()?;
                     waited = true;
+                }
+                // A stuck copy in holds its device block until its stream
+                // synchronizes, which `synchronize` tries: once here, where memory is
+                // short, whether or not anything else was in flight.
+                let stuck = self.pipe.stuck();
+                if stuck > 0 {
+                    self.synchronize()?;
+                    waited |= self.pipe.stuck() < stuck;
                 }
                 self.stats.oom_wait_in_us += self.stats.transfer_stall_us - t0;
                 stage = 2;

@@ -185,3 +185,30 @@ fn an_input_read_by_a_stuck_copy_is_kept_for_its_dropped_dependent() {
     assert_eq!(produced.lock().unwrap().runs, 1);
     m.check_invariants().unwrap();
 }
+
+/// A request that finds the device full while a stuck copy in holds a block: the
+/// out-of-memory path synchronizes the stream, the copy lands, its block is freed and
+/// the request is served (it was an out-of-memory error with the block held).
+#[test]
+fn the_out_of_memory_path_lands_a_stuck_copy_in() {
+    let (mut m, switch) = manager(1);
+    let big = put(&mut m, 1, 1 << 20);
+    m.end_step();
+    assert!(m.spill(big).unwrap());
+    m.synchronize().unwrap();
+    m.end_step();
+    untrackable(&switch);
+    let e = m.access(big, false).unwrap_err();
+    assert!(matches!(e, TierError::Transfer { .. }), "{e}");
+    assert_eq!(m.pipe.stuck(), 1);
+    m.end_step();
+    // 1.5 MiB of a 2 MiB budget: only with the stuck copy's 1 MiB block back.
+    let h = put(&mut m, 2, 1536 * KIB);
+    assert_eq!(m.pipe.stuck(), 0);
+    m.check_invariants().unwrap();
+    assert_eq!(read(&mut m, h).unwrap(), pattern(2, 1536 * KIB));
+    m.free(h).unwrap();
+    m.end_step();
+    assert_eq!(read(&mut m, big).unwrap(), pattern(1, 1 << 20));
+    m.check_invariants().unwrap();
+}
