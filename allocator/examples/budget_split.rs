@@ -3,7 +3,7 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [norelocate] [earlypageable] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits] [low=X] [high=X] [pinned=X] [costs=NAME] [save=PATH] [base=PATH]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [norelocate] [earlypageable] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits] [oracle] [low=X] [high=X] [pinned=X] [costs=NAME] [save=PATH] [base=PATH]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
 //! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
@@ -22,7 +22,9 @@
 //! table, the prefetch hit rate of predictive with the LSTM on each trace whose peak
 //! floor is at most 0.02 (where the link can carry the traffic). Under the table:
 //! predictive with the LSTM at most half of reactive, and within 1.5x of the oracle's
-//! plan, naming the traces outside); `low=X`, `high=X`: `TierConfig::low_watermark`
+//! plan, naming the traces outside); `oracle`: a column of predictive with the default
+//! actions and the oracle forecaster, and with `steady` the goal counted against it
+//! too; `low=X`, `high=X`: `TierConfig::low_watermark`
 //! (also the plans' cap) and `high_watermark`; `pinned=X`: a pinned staging pool of
 //! X times each trace's peak of requested bytes instead of the whole peak
 //! (`TierConfig::staging_bytes`; what the out-of-memory path spills beyond it goes to pageable memory); `costs=h100`: the link and device costs
@@ -87,7 +89,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     // (label, arena, predictive tiers)
     type Row = (&'static str, bool, Option<(ReplayForecaster, Actions)>);
-    let rows: [Row; 5] = [
+    let mut rows: Vec<Row> = vec![
         ("reactive, no arena", false, None),
         ("reactive", true, None),
         (
@@ -102,6 +104,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ),
         ("plan, oracle", true, Some((ReplayForecaster::Oracle, plan))),
     ];
+    if flag("oracle") {
+        rows.push((
+            "predictive, oracle",
+            true,
+            Some((ReplayForecaster::Oracle, Actions::default())),
+        ));
+    }
     print!("| trace | peak floor |");
     for (name, _, _) in &rows {
         print!(" {name} |");
@@ -191,7 +200,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             });
         }
         sums[0] += floor;
-        goals.push([figures[1], figures[2], figures[4]]);
+        goals.push([figures[1], figures[2], figures[4], figures[rows.len() - 1]]);
         names.push(e.workload.clone());
         n += 1;
         println!("| {} | {:.2} | {} |", e.workload, floor, cells.join(" | "));
@@ -223,6 +232,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let pick = |x: (f64, f64), later: bool| if later { x.1 } else { x.0 };
         let halved = |g: &Goals, l: bool| pick(g[1], l) <= 0.5 * pick(g[0], l);
         let near = |g: &Goals, l: bool| pick(g[1], l) <= 1.5 * pick(g[2], l);
+        let near_forecaster = |g: &Goals, l: bool| pick(g[1], l) <= 1.5 * pick(g[3], l);
         println!(
             "predictive (lstm) at most half of reactive: {} of {n} (from the second iteration: {})",
             count(&halved, false),
@@ -233,14 +243,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             count(&near, false),
             count(&near, true)
         );
-        for later in [false, true] {
+        if flag("oracle") {
+            println!(
+                "predictive (lstm) within 1.5x of predictive with the oracle forecaster: {} of {n} (from the second iteration: {})",
+                count(&near_forecaster, false),
+                count(&near_forecaster, true)
+            );
+        }
+        // (label, the oracle column in `Goals`, its goal)
+        type Goal<'a> = &'a dyn Fn(&Goals, bool) -> bool;
+        let mut refs: Vec<(&str, usize, Goal)> = vec![("", 2, &near)];
+        if flag("oracle") {
+            refs.push((" (oracle forecaster)", 3, &near_forecaster));
+        }
+        for ((label, col, near), later) in refs.into_iter().flat_map(|r| [(r, false), (r, true)]) {
             let outside: Vec<String> = (goals.iter().zip(&names))
                 .filter(|(g, _)| !near(g, later))
                 .map(|(g, name)| {
                     format!(
                         "{name} {:.4} vs {:.4}",
                         pick(g[1], later),
-                        pick(g[2], later)
+                        pick(g[col], later)
                     )
                 })
                 .collect();
@@ -249,6 +272,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             } else {
                 "whole run"
             };
+            let when = format!("{when}{label}");
             let outside = if outside.is_empty() {
                 "none".to_string()
             } else {
@@ -347,8 +371,9 @@ fn solo_times(
 }
 
 /// Per trace, (whole run, from the second iteration) stall overheads of reactive,
-/// predictive with the LSTM and the oracle's plan.
-type Goals = [(f64, f64); 3];
+/// predictive with the LSTM, the oracle's plan and the last column (with `oracle`,
+/// predictive with the oracle forecaster).
+type Goals = [(f64, f64); 4];
 
 /// Stall over compute from the second iteration on (the first is the one no history
 /// describes); the whole run's figure where the trace has fewer than two iterations.
