@@ -514,13 +514,22 @@ impl AllocConfig {
                 v.parse::<u64>()
                     .map_err(|_| AllocError::Config(format!("{k}: bad integer {v:?}")))
             };
+            // A 32-bit field: a value beyond it is an error, not cut to its low bits.
+            let int32 = |v: &str| -> Result<u32, AllocError> {
+                u32::try_from(int(v)?).map_err(|_| {
+                    AllocError::Config(format!(
+                        "{k}: {v} is above the most it takes ({})",
+                        u32::MAX
+                    ))
+                })
+            };
             match k {
                 "min_block" => self.min_block = parse_bytes(v)?,
                 "small_max" => self.small_max = parse_bytes(v)?,
-                "classes_per_doubling" => self.classes_per_doubling = int(v)? as u32,
+                "classes_per_doubling" => self.classes_per_doubling = int32(v)?,
                 "slab_min_bytes" => self.slab_min_bytes = parse_bytes(v)?,
                 "slab_objects" => self.slab_objects = int(v)?,
-                "slab_spares" => self.slab_spares = int(v)? as u32,
+                "slab_spares" => self.slab_spares = int32(v)?,
                 "segment_granule" => self.segment_granule = parse_bytes(v)?,
                 "growable_segments" => self.growable_segments = boolean(v)?,
                 "page_release" => {
@@ -566,13 +575,13 @@ impl AllocConfig {
                     }
                 }
                 "best_fit" => self.best_fit = boolean(v)?,
-                "run_scan" => self.run_scan = int(v)? as u32,
-                "latency_sample_every" => self.latency_sample_every = int(v)? as u32,
+                "run_scan" => self.run_scan = int32(v)?,
+                "latency_sample_every" => self.latency_sample_every = int32(v)?,
                 "max_request" => self.max_request = parse_bytes(v)?,
                 "predictive" => self.predictive = boolean(v)?,
                 "forecaster" => self.forecaster = v.parse().map_err(AllocError::Config)?,
                 "model" => self.model = Some(v.to_string()),
-                "horizon" => self.horizon = int(v)? as u32,
+                "horizon" => self.horizon = int32(v)?,
                 "predictive_actions" => self.predictive_actions = Actions::parse(v)?,
                 "forecast_thread" => self.forecast_thread = boolean(v)?,
                 _ => {
@@ -624,7 +633,10 @@ impl AllocConfig {
             return bad(format!("growth_factor {} must be >= 1", self.growth_factor));
         }
         if self.growth_cap < self.growth_initial {
-            return bad("growth_cap must be >= growth_initial".into());
+            return bad(format!(
+                "growth_cap {} must be >= growth_initial {} (default 32M)",
+                self.growth_cap, self.growth_initial
+            ));
         }
         if !(0.0..=1.0).contains(&self.cache_max_fraction) {
             return bad("cache_max_fraction must be within [0, 1]".into());
@@ -708,6 +720,26 @@ mod tests {
             .with_conf_string("predictive_actions:none")
             .unwrap();
         assert_eq!(c.predictive_actions, Actions::none());
+        // A 32-bit key given more than it holds is an error, not its low bits (it read
+        // horizon:4294967301 as 5).
+        for key in [
+            "horizon",
+            "run_scan",
+            "latency_sample_every",
+            "slab_spares",
+            "classes_per_doubling",
+        ] {
+            let m = e(&format!("{key}:4294967301"));
+            assert!(
+                m.contains(&format!("{key}: 4294967301 is above the most it takes")),
+                "{m}"
+            );
+        }
+        assert!(
+            e("growth_cap:2M").contains("growth_cap 2097152 must be >= growth_initial 33554432"),
+            "{}",
+            e("growth_cap:2M")
+        );
     }
 
     #[test]
