@@ -410,3 +410,64 @@ fn the_plan_guard_is_reported() {
     with_json.push("--json");
     assert!(json(&with_json)["planned_suppressed"].as_u64().unwrap() >= 4);
 }
+
+/// Predictive mode switched on by the settings is labelled predictive, with and
+/// without a budget, and the settings' forecaster is the one that runs unless
+/// `--forecaster` names another (with a warning); predictive-only keys given to a
+/// replay that runs no predictive mode are named in a warning.
+#[test]
+fn settings_that_switch_predictive_mode_on_are_labelled_and_their_forecaster_runs() {
+    let t = bundled("resnet50_multiscale_b32_train");
+    for extra in [&[][..], &["--budget", "60%"][..]] {
+        let mut args = vec!["replay", &t, "--conf", "predictive:true", "--json"];
+        args.extend_from_slice(extra);
+        let r = json(&args);
+        assert_eq!(r["policy"], "predictive", "{extra:?}");
+        assert_eq!(r["forecaster"], "lstm", "{extra:?}");
+        let mut args = vec![
+            "replay",
+            &t,
+            "--policy",
+            "predictive",
+            "--conf",
+            "forecaster:seasonal",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        assert_eq!(json(&args)["forecaster"], "seasonal", "{extra:?}");
+    }
+    let out = common::memcast(&[
+        "replay",
+        &t,
+        "--policy",
+        "predictive",
+        "--forecaster",
+        "oracle",
+        "--conf",
+        "forecaster:seasonal",
+        "--json",
+    ]);
+    assert!(out.status.success());
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["forecaster"], "oracle");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--forecaster oracle overrides forecaster:seasonal"),
+        "{err}"
+    );
+    let out = common::memcast(&["replay", &t, "--conf", "model:/nowhere,horizon:5"]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "--conf sets model, horizon of predictive mode, which this replay does not run"
+        ),
+        "{err}"
+    );
+    // A 32-bit setting given more than it holds is an error naming it.
+    let e = fails(&["replay", &t, "--conf", "predictive:true,horizon:4294967301"]);
+    assert!(
+        e.contains("horizon: 4294967301 is above the most it takes"),
+        "{e}"
+    );
+}

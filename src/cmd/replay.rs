@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use memcast_alloc::backend::sim::CostModel;
-use memcast_alloc::config::AllocConfig;
+use memcast_alloc::config::{AllocConfig, ForecasterKind};
 use memcast_alloc::replay::{
     replay, Device, Policy, ReplayForecaster, ReplayOptions, ReplayReport,
 };
@@ -425,12 +425,67 @@ fn detected_costs(gpu: Option<&str>) -> (String, CostModel) {
     }
 }
 
-pub fn forecaster(args: &ReplayArgs) -> ReplayForecaster {
-    match args.forecaster.unwrap_or(ForecasterArg::Lstm) {
+/// The forecaster of predictive mode: `--forecaster`, else the settings' `forecaster`
+/// key (MEMCAST_ALLOC_CONF, then --conf); the flag wins, with a warning where the
+/// settings name another.
+pub fn forecaster(args: &ReplayArgs, config: &AllocConfig) -> ReplayForecaster {
+    let from_settings = match config.forecaster {
+        ForecasterKind::Lstm => ReplayForecaster::Lstm,
+        ForecasterKind::Seasonal => ReplayForecaster::Seasonal,
+        ForecasterKind::None => ReplayForecaster::None,
+    };
+    let Some(flag) = args.forecaster else {
+        return from_settings;
+    };
+    let f = match flag {
         ForecasterArg::Lstm => ReplayForecaster::Lstm,
         ForecasterArg::Seasonal => ReplayForecaster::Seasonal,
         ForecasterArg::Oracle => ReplayForecaster::Oracle,
         ForecasterArg::None => ReplayForecaster::None,
+    };
+    if f != from_settings && config.forecaster != ForecasterKind::default() {
+        eprintln!(
+            "warning: --forecaster {} overrides forecaster:{} of the settings",
+            f.name(),
+            from_settings.name()
+        );
+    }
+    f
+}
+
+/// Whether replaying `p` with `config` runs predictive mode: `--policy predictive`, or
+/// memcast's allocator with `predictive:true` in its settings.
+pub fn runs_predictive(config: &AllocConfig, p: PolicyArg) -> bool {
+    p == PolicyArg::Predictive || (p == PolicyArg::Memcast && config.predictive)
+}
+
+/// Warns about --conf keys that only predictive mode reads when no replayed policy
+/// runs it (those of MEMCAST_ALLOC_CONF may be set for a whole job, and are not named).
+pub fn warn_unused_predictive_keys(args: &ReplayArgs, config: &AllocConfig) {
+    let Some(conf) = &args.conf else { return };
+    if policies(args).iter().any(|&p| runs_predictive(config, p)) {
+        return;
+    }
+    let keys: Vec<&str> = conf
+        .split(',')
+        .filter_map(|item| Some(item.split_once(':')?.0.trim()))
+        .filter(|k| {
+            [
+                "model",
+                "horizon",
+                "forecaster",
+                "predictive_actions",
+                "forecast_thread",
+            ]
+            .contains(k)
+        })
+        .collect();
+    if !keys.is_empty() {
+        eprintln!(
+            "warning: --conf sets {} of predictive mode, which this replay does not run \
+             (--policy predictive, or predictive:true): not used",
+            keys.join(", ")
+        );
     }
 }
 
@@ -451,6 +506,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     } else {
         AllocConfig::default()
     };
+    warn_unused_predictive_keys(&args, &config);
     let costs = cost_model(&args)?;
     let mut reports = Vec::new();
     for p in policies(&args) {
@@ -469,7 +525,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             },
             config: config.clone(),
             check_every: args.check_every,
-            forecaster: forecaster(&args),
+            forecaster: forecaster(&args, &config),
             costs: costs.model.clone(),
             real_time: args.real_time,
             ..Default::default()

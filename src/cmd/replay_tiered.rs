@@ -40,14 +40,17 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         );
     }
     let plan = match &args.plan {
-        Some(p) => {
-            Some(memcast_alloc::tier::directives::Plan::load(p).map_err(|e| anyhow::anyhow!(e))?)
-        }
+        Some(p) => Some(
+            memcast_alloc::tier::directives::Plan::load(p)
+                .map_err(|e| anyhow::anyhow!(e))
+                .context("--plan")?,
+        ),
         None => None,
     };
     // Allocator settings: the tiered replay's defaults (fixed segments), then the
     // environment and --conf on top.
     let alloc = super::alloc_config(args, TierReplayOptions::default().alloc)?;
+    super::warn_unused_predictive_keys(args, &alloc);
     let mut tier = TierReplayOptions::default().tier;
     if let Some(w) = &args.watermarks {
         (tier.high_watermark, tier.low_watermark) = parse_watermarks(w)?;
@@ -80,8 +83,8 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
             check_every: args.check_every,
             alloc: alloc.clone(),
             plan: plan.clone(),
-            predictive: (*p == PolicyArg::Predictive)
-                .then(|| (super::forecaster(args), alloc.predictive_actions)),
+            predictive: super::runs_predictive(&alloc, *p)
+                .then(|| (super::forecaster(args, &alloc), alloc.predictive_actions)),
             ..Default::default()
         };
         let _busy = super::super::progress::Busy::new(format!(

@@ -208,7 +208,12 @@ fn run_inner<T: ReplayTarget>(
     let all_critical = critical(&t);
     Ok(ReplayReport {
         trace: trace.meta.name.clone(),
-        policy: opts.policy,
+        // memcast's allocator with predictive mode switched on by its settings
+        // (`predictive:true` in MEMCAST_ALLOC_CONF or --conf) ran predictive mode.
+        policy: match opts.policy {
+            super::Policy::Memcast if opts.config.predictive => super::Policy::Predictive,
+            p => p,
+        },
         forecaster: t.forecaster(),
         device: opts.device,
         events,
