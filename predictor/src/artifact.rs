@@ -24,7 +24,9 @@ pub const METRICS: &str = "metrics.json";
 /// Reads `config.json`.
 pub fn load_config(dir: &Path) -> Result<ArtifactConfig> {
     let path = dir.join(CONFIG);
-    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let text =
+        memcast_trace::io::read_bounded_text(&path, memcast_trace::limits::MAX_TEXT_FILE_BYTES)
+            .map_err(io(&path))?;
     let c: ArtifactConfig = serde_json::from_str(&text).map_err(|err| PredictorError::Json {
         path: path.clone(),
         err,

@@ -129,7 +129,9 @@ impl NormStats {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(io(path))?;
+        let text =
+            memcast_trace::io::read_bounded_text(path, memcast_trace::limits::MAX_TEXT_FILE_BYTES)
+                .map_err(io(path))?;
         let s: Self = serde_json::from_str(&text).map_err(|err| PredictorError::Json {
             path: path.into(),
             err,

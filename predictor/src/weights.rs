@@ -184,7 +184,8 @@ impl Weights {
     /// Loads and checks a safetensors file. With `config`, the file's shapes must match
     /// that config (an artifact's `config.json`); otherwise the embedded one is used.
     pub fn load(path: &Path, config: Option<&ArtifactConfig>) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(io(path))?;
+        let bytes = memcast_trace::io::read_bounded(path, memcast_trace::limits::MAX_WEIGHTS_BYTES)
+            .map_err(io(path))?;
         Self::from_safetensors(&bytes, config).map_err(|e| match e {
             PredictorError::Weights { what, .. } => PredictorError::Weights {
                 path: path.into(),

@@ -394,7 +394,11 @@ pub fn cost_model(args: &ReplayArgs) -> Result<Costs> {
         Some(spec) => match CostModel::named(spec) {
             Some(c) => (spec.to_ascii_lowercase(), c),
             None => {
-                let text = std::fs::read_to_string(spec).with_context(|| {
+                let text = memcast_trace::io::read_bounded_text(
+                    std::path::Path::new(spec),
+                    memcast_trace::limits::MAX_TEXT_FILE_BYTES,
+                )
+                .with_context(|| {
                     format!("--costs {spec}: not h200 or h100, and not a file to read")
                 })?;
                 let c: CostModel = serde_json::from_str(&text)

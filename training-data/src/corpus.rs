@@ -92,7 +92,8 @@ const HEADER: [&str; 6] = [
 impl Corpus {
     /// Reads `manifest` and the figures file beside it (missing figures file: no figures).
     pub fn load(manifest: &Path) -> Result<Corpus, TraceError> {
-        let text = std::fs::read_to_string(manifest).map_err(|e| TraceError::io(manifest, e))?;
+        let text = crate::io::read_bounded_text(manifest, crate::limits::MAX_TEXT_FILE_BYTES)
+            .map_err(|e| TraceError::io(manifest, e))?;
         let in_file = |err: TraceError| TraceError::InFile {
             path: manifest.to_path_buf(),
             err: Box::new(err),
@@ -100,14 +101,15 @@ impl Corpus {
         let root = manifest.parent().unwrap_or(Path::new("."));
         let entries = parse_manifest(&text, root).map_err(in_file)?;
         let fig_path = root.join(FIGURES_FILE);
-        let figures = match std::fs::read_to_string(&fig_path) {
-            Ok(t) => parse_figures(&t).map_err(|err| TraceError::InFile {
-                path: fig_path.clone(),
-                err: Box::new(err),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(TraceError::io(fig_path, e)),
-        };
+        let figures =
+            match crate::io::read_bounded_text(&fig_path, crate::limits::MAX_TEXT_FILE_BYTES) {
+                Ok(t) => parse_figures(&t).map_err(|err| TraceError::InFile {
+                    path: fig_path.clone(),
+                    err: Box::new(err),
+                })?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => return Err(TraceError::io(fig_path, e)),
+            };
         Ok(Corpus { entries, figures })
     }
 

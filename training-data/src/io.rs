@@ -4,7 +4,7 @@ use std::io::Read;
 use std::path::Path;
 
 use crate::error::TraceError;
-use crate::limits::{decompressed_limit, MAX_XZ_RATIO};
+use crate::limits::{decompressed_limit, MAX_STREAM_BYTES, MAX_XZ_RATIO, SNIFF_BYTES};
 use crate::model::Trace;
 use crate::native;
 use crate::snapshot::{self, SnapshotOptions};
@@ -94,13 +94,85 @@ pub fn detect(data: &[u8]) -> Option<Format> {
 /// neither a native trace, a JSON trace document nor a pickle is refused before it is
 /// decompressed further.
 pub fn read_maybe_xz(path: &Path) -> Result<Vec<u8>, TraceError> {
-    let data = std::fs::read(path).map_err(|e| TraceError::io(path, e))?;
+    let data = read_sniffed(path)?;
     if !data.starts_with(XZ_MAGIC) {
         return Ok(data);
     }
     unxz(&data).map_err(|e| TraceError::InFile {
         path: path.to_path_buf(),
         err: Box::new(e),
+    })
+}
+
+/// Reads a trace file whose first [`SNIFF_BYTES`] name a format memcast reads (xz, or
+/// one [`detect`] knows); of any other only those bytes are read and returned, which
+/// [`detect`] then refuses. A source that is not a regular file (a pipe, a device)
+/// stops at [`MAX_STREAM_BYTES`]: `/dev/zero` is refused at once, not read until memory
+/// runs out.
+fn read_sniffed(path: &Path) -> Result<Vec<u8>, TraceError> {
+    let io = |e| TraceError::io(path, e);
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let regular = f.metadata().map_err(io)?.is_file();
+    let mut data = vec![0u8; SNIFF_BYTES];
+    let mut n = 0;
+    while n < data.len() {
+        match f.read(&mut data[n..]).map_err(io)? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    data.truncate(n);
+    // White space alone so far may still open a JSON document.
+    let blank = data.iter().all(u8::is_ascii_whitespace);
+    if !(data.starts_with(XZ_MAGIC) || detect(&data).is_some() || blank) {
+        return Ok(data);
+    }
+    if regular {
+        f.read_to_end(&mut data).map_err(io)?;
+    } else {
+        (&mut f)
+            .take(MAX_STREAM_BYTES + 1 - data.len() as u64)
+            .read_to_end(&mut data)
+            .map_err(io)?;
+        if data.len() as u64 > MAX_STREAM_BYTES {
+            return Err(TraceError::InFile {
+                path: path.to_path_buf(),
+                err: Box::new(TraceError::Limit {
+                    what: format!(
+                        "not a regular file, and longer than {MAX_STREAM_BYTES} bytes (limit MAX_STREAM_BYTES)"
+                    ),
+                }),
+            });
+        }
+    }
+    Ok(data)
+}
+
+/// Reads at most `limit` bytes of `path`: a longer file, or an endless source (a pipe,
+/// a device), is an error of kind `InvalidData` saying so, once `limit + 1` bytes are
+/// read. For the settings and weights files memcast reads whole
+/// ([`MAX_TEXT_FILE_BYTES`], [`MAX_WEIGHTS_BYTES`]).
+pub fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    std::fs::File::open(path)?
+        .take(limit + 1)
+        .read_to_end(&mut out)?;
+    if out.len() as u64 > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("longer than {limit} bytes, more than a file of this kind holds"),
+        ));
+    }
+    Ok(out)
+}
+
+/// [`read_bounded`] of a UTF-8 text file (not UTF-8: `InvalidData`).
+pub fn read_bounded_text(path: &Path, limit: u64) -> std::io::Result<String> {
+    String::from_utf8(read_bounded(path, limit)?).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        )
     })
 }
 
@@ -175,6 +247,37 @@ pub fn trace_name(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An endless source whose first bytes name no format is refused after them, not
+    /// read until memory runs out; a file longer than its kind's bound is an error once
+    /// the bound is passed.
+    #[cfg(unix)]
+    #[test]
+    fn endless_or_oversized_input_is_refused_without_reading_it_all() {
+        let e = load_trace(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(
+            e.contains("/dev/zero") && e.contains("unknown format"),
+            "{e}"
+        );
+        let e = read_bounded(Path::new("/dev/zero"), 1 << 20).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("longer than 1048576 bytes"), "{e}");
+        let dir = std::env::temp_dir().join(format!("memcast-io-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("t.txt");
+        std::fs::write(&f, "0123456789").unwrap();
+        assert_eq!(read_bounded_text(&f, 10).unwrap(), "0123456789");
+        assert!(read_bounded(&f, 9).is_err());
+        // A JSON document behind more white space than the first bytes read is read.
+        let mut padded = vec![b' '; 2 * SNIFF_BYTES];
+        padded.extend_from_slice(
+            br#"{"format": "memcast-trace", "version": 1, "trace": {"meta": {"name": "t", "source": "x", "description": ""}, "static_blocks": [], "events": [{"time_us": 0, "kind": "IterationBoundary"}, {"time_us": 1, "kind": {"Alloc": {"id": 1, "bytes": 1024, "stream": 0}}}, {"time_us": 2, "kind": {"Free": {"id": 1}}}]}}"#,
+        );
+        let g = dir.join("t.json");
+        std::fs::write(&g, padded).unwrap();
+        assert_eq!(load_trace(&g).unwrap().events.len(), 3);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn names_from_paths() {

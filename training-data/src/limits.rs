@@ -46,3 +46,23 @@ pub const MAX_SYNTH_EVENTS: u64 = 10_000_000;
 /// rounding up to a block size) far from overflowing, so that such a trace is refused
 /// by name instead of replayed with wrapped figures.
 pub const MAX_TRACE_BYTES: u64 = 1 << 50;
+
+/// Bytes of a trace file read before its format is known: its first bytes must name a
+/// format memcast reads, or nothing more is read. 4 KiB covers a JSON document's
+/// leading white space.
+pub const SNIFF_BYTES: usize = 4096;
+
+/// Most bytes read from a trace source that is not a regular file (a pipe, a device),
+/// which has no size to check: an endless stream is an error, not memory exhausted.
+/// 16 GiB is over 300 times the largest snapshot pickle here (45 MiB, GPT-2
+/// generation, decompressed).
+pub const MAX_STREAM_BYTES: u64 = 16 << 30;
+
+/// Most bytes of a settings or text file read (a corpus manifest, a placement plan, a
+/// model's configuration or normalisation, a cost model): the largest real ones are a
+/// few KiB.
+pub const MAX_TEXT_FILE_BYTES: u64 = 64 << 20;
+
+/// Most bytes of a model's weights file read: the default model's are 33 KB, and a
+/// model 30,000 times larger is still read.
+pub const MAX_WEIGHTS_BYTES: u64 = 1 << 30;

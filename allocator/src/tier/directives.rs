@@ -103,7 +103,9 @@ impl Plan {
 
     /// Reads a plan document; errors name the file.
     pub fn load(path: &Path) -> Result<Plan, String> {
-        let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let data =
+            memcast_trace::io::read_bounded(path, memcast_trace::limits::MAX_TEXT_FILE_BYTES)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
         Plan::parse(&data).map_err(|e| format!("{}: {e}", path.display()))
     }
 

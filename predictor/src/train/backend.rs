@@ -178,7 +178,8 @@ pub fn load_burn_record(
     template: &Weights,
 ) -> Result<Weights> {
     let device = Default::default();
-    let bytes = std::fs::read(path).map_err(crate::error::io(path))?;
+    let bytes = memcast_trace::io::read_bounded(path, memcast_trace::limits::MAX_WEIGHTS_BYTES)
+        .map_err(crate::error::io(path))?;
     let model: LstmForecaster<NdArray<f32>> = LstmForecaster::from_weights(template, &device);
     let record = NamedMpkBytesRecorder::<FullPrecisionSettings>::new()
         .load(bytes, &device)
