@@ -202,3 +202,33 @@ fn zero_byte_tensors_hold_no_memory_with_or_without_a_budget() {
     let r = json(&["replay", &mixed, "--budget", "1G", "--json"]);
     assert_eq!(r["completed"], true, "{r}");
 }
+
+/// Outputs that cannot be made fail before the work: `train` makes its artifact folder
+/// before loading and training (a folder it could not make failed after the training),
+/// and `demo --only` matching no bundled trace names them and makes no output folder.
+#[test]
+fn outputs_fail_before_the_work_and_no_match_names_the_choices() {
+    let t = bundled("bert_dynseq_b16_train");
+    let e = fails(&[
+        "train",
+        "--traces",
+        &t,
+        "--epochs",
+        "1",
+        "-o",
+        "/proc/nonexistent/m",
+    ]);
+    assert!(e.contains("/proc/nonexistent/m"), "{e}");
+    assert!(
+        !e.contains("steps (loaded"),
+        "loaded and featurized first: {e}"
+    );
+    let d = common::scratch("demo-only");
+    let out = d.path().join("demo");
+    let e = fails(&["demo", "--only", "zzz", "--out", &out.display().to_string()]);
+    assert!(
+        e.contains("--only \"zzz\"") && e.contains("resnet50_b64_train"),
+        "{e}"
+    );
+    assert!(!out.exists());
+}

@@ -202,3 +202,62 @@ fn every_output_option_writes_the_named_file_only() {
     ok(&["predict", "--trace", &t, "--plot", &plot]);
     assert!(std::fs::read_to_string(&plot).unwrap().contains("<svg"));
 }
+
+/// `-o` naming the file the command reads (by its name, another path or a link) is
+/// refused before anything is written, and the input keeps its bytes: an export to CSV
+/// over the trace replaced it, and an export of a model over its own weights made the
+/// model unloadable.
+#[test]
+fn an_output_that_is_the_input_is_refused_and_the_input_kept() {
+    let d = scratch("self");
+    let t = d.path().join("t.mctrace");
+    std::fs::copy(bundled("bert_dynseq_b16_train"), &t).unwrap();
+    let before = std::fs::read(&t).unwrap();
+    let link = d.path().join("l.csv");
+    std::os::unix::fs::symlink("t.mctrace", &link).unwrap();
+    let other = d.path().join(".").join("t.mctrace");
+    for out in [&t, &link, &other] {
+        for cmd in [
+            &["trace", "export", "--format", "csv"][..],
+            &["trace", "features"][..],
+            &["trace", "import"][..],
+        ] {
+            let mut args = cmd.to_vec();
+            let (ts, os) = (s(&t), s(out));
+            args.extend_from_slice(&[&ts, "-o", &os]);
+            let e = fails(&args);
+            assert!(e.contains("which this command reads"), "{args:?}: {e}");
+        }
+    }
+    assert_eq!(std::fs::read(&t).unwrap(), before);
+    let m = d.path().join("mdl");
+    std::fs::create_dir(&m).unwrap();
+    for f in std::fs::read_dir(repo().join("training-data/models/default")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, m.join(f.file_name().unwrap())).unwrap();
+    }
+    let w = m.join("model.safetensors");
+    let weights = std::fs::read(&w).unwrap();
+    for model in [s(&m), s(&w)] {
+        let e = fails(&[
+            "export",
+            "--model",
+            &model,
+            "--format",
+            "burn",
+            "-o",
+            &s(&w),
+        ]);
+        assert!(e.contains("is a file of the model"), "{e}");
+    }
+    assert_eq!(std::fs::read(&w).unwrap(), weights);
+    ok(&[
+        "export",
+        "--model",
+        &s(&m),
+        "--format",
+        "burn",
+        "-o",
+        &s(&d.path().join("x.mpk")),
+    ]);
+}

@@ -60,14 +60,23 @@ pub fn run(args: DemoArgs) -> Result<()> {
     if let Some(c) = &env_conf {
         eprintln!("memcast's allocator with MEMCAST_ALLOC_CONF={c}");
     }
-    if !args.no_plots {
-        memcast_trace::output::create_dir(&args.out)?;
-    }
     let traces: Vec<_> = bundled::ALL
         .iter()
         .filter(|b| args.only.as_deref().is_none_or(|o| b.name.contains(o)))
         .collect();
-    anyhow::ensure!(!traces.is_empty(), "no bundled trace matches --only");
+    anyhow::ensure!(
+        !traces.is_empty(),
+        "no bundled trace's name contains --only {:?} (the bundled traces: {})",
+        args.only.as_deref().unwrap_or_default(),
+        bundled::ALL
+            .iter()
+            .map(|b| b.name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if !args.no_plots {
+        memcast_trace::output::create_dir(&args.out)?;
+    }
     let mut model = super::load_model(&None)?;
     let cfg = model.weights().config.clone();
 

@@ -27,6 +27,24 @@ pub struct ExportArgs {
 }
 
 pub fn run(a: ExportArgs) -> Result<()> {
+    // The model's own files (an artifact folder's, or the weights file named): writing
+    // over one would replace what was exported from.
+    let own = if a.model.is_dir() {
+        [
+            artifact::SAFETENSORS,
+            artifact::BURN_RECORD,
+            artifact::CONFIG,
+            artifact::NORM,
+        ]
+        .iter()
+        .map(|f| a.model.join(f))
+        .collect()
+    } else {
+        vec![a.model.clone()]
+    };
+    for f in &own {
+        memcast_trace::output::check_not_input(&a.output, f, "a file of the model")?;
+    }
     let w = artifact::load_weights(&a.model)
         .with_context(|| format!("loading model {}", a.model.display()))?;
     match a.format {

@@ -99,6 +99,40 @@ pub fn check(path: &Path) -> Result<(), TraceError> {
     target(path).map(|_| ())
 }
 
+/// Refuses an output `path` that is the file `input` (by any name: a link, another
+/// path to it, a hard link), which the write would replace: `what` names the input in
+/// the error (`-o x.mctrace names the trace it reads`). Paths that do not both exist
+/// are different files.
+pub fn check_not_input(path: &Path, input: &Path, what: &str) -> Result<(), TraceError> {
+    if same_file(path, input) {
+        return Err(err(
+            path,
+            format!(
+                "is {what} ({}), which this command reads: writing it would replace it (name another file)",
+                input.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `a` and `b` name one existing file (links followed).
+fn same_file(a: &Path, b: &Path) -> bool {
+    let (Ok(ma), Ok(mb)) = (fs::metadata(a), fs::metadata(b)) else {
+        return false;
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        ma.dev() == mb.dev() && ma.ino() == mb.ino()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (ma, mb);
+        matches!((fs::canonicalize(a), fs::canonicalize(b)), (Ok(x), Ok(y)) if x == y)
+    }
+}
+
 /// Writes `bytes` to `path` (see the module documentation).
 pub fn write_bytes(path: &Path, bytes: &[u8]) -> Result<(), TraceError> {
     write_with(path, |w| w.write_all(bytes))
