@@ -43,7 +43,20 @@ pub fn load_weights(path: &Path) -> Result<Weights> {
         let config = load_config(path)?;
         Weights::load(&path.join(SAFETENSORS), Some(&config))
     } else {
-        Weights::load(path, None)
+        Weights::load(path, None).map_err(|e| match e {
+            // burn's record, which `memcast export --format burn` and `train` write for
+            // burn users: memcast itself reads the safetensors.
+            PredictorError::Weights { path, what } if path.extension() == Some("mpk".as_ref()) => {
+                PredictorError::Weights {
+                    what: format!(
+                        "{what} (a burn record, which memcast writes for burn but does not read: \
+                         give the model's folder or its {SAFETENSORS})"
+                    ),
+                    path,
+                }
+            }
+            e => e,
+        })
     }
 }
 

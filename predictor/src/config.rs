@@ -160,8 +160,14 @@ impl TrainConfig {
                 self.window, self.burn_in
             ));
         }
-        if self.stride == 0 || self.batch == 0 || self.epochs == 0 {
-            return bad("stride, batch and epochs must be >= 1".into());
+        for (name, v) in [
+            ("stride", self.stride),
+            ("batch", self.batch),
+            ("epochs", self.epochs),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} is 0: it must be at least 1"));
+            }
         }
         // Adam's step is about the learning rate itself: above 1 every weight moves by
         // more than its own scale each batch, which diverges (1e30 gave a WAPE of 1e29).
@@ -199,5 +205,27 @@ impl ArtifactConfig {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each count that must be at least 1 is named when it is 0 (the error named all
+    /// three together).
+    #[test]
+    fn a_zero_count_is_named() {
+        for (name, set) in [
+            ("stride", (|c| c.stride = 0) as fn(&mut TrainConfig)),
+            ("batch", |c| c.batch = 0),
+            ("epochs", |c| c.epochs = 0),
+        ] {
+            let mut c = TrainConfig::default();
+            set(&mut c);
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(&format!("{name} is 0")), "{e}");
+        }
+        TrainConfig::default().validate().unwrap();
     }
 }

@@ -18,6 +18,12 @@ pub enum PredictorError {
     Weights { path: PathBuf, what: String },
     #[error("weights do not match the config: {0}")]
     Mismatch(String),
+    /// A tensor (named) holds a value that is not finite: a diverged training run, or
+    /// damage.
+    #[error("tensor {0} holds NaN or infinity")]
+    NonFiniteWeights(String),
+    #[error("normalisation statistics: {0}")]
+    Norm(String),
     #[error("invalid config: {0}")]
     Config(String),
     #[error("features have width {got}, the model expects {expected}")]

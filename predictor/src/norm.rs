@@ -103,17 +103,17 @@ impl NormStats {
     pub fn check_invariants(&self) -> Result<()> {
         let pos = |v: &[f32]| v.iter().all(|x| x.is_finite() && *x > 0.0);
         if !pos(&self.feature_std) || !pos(&self.target_std) {
-            return Err(PredictorError::Mismatch(
-                "normalisation stds must be finite and > 0".into(),
+            return Err(PredictorError::Norm(
+                "the standard deviations must be finite and > 0".into(),
             ));
         }
         if !self.feature_mean.iter().all(|x| x.is_finite()) {
-            return Err(PredictorError::Mismatch(
-                "feature means must be finite".into(),
+            return Err(PredictorError::Norm(
+                "the feature means must be finite".into(),
             ));
         }
         if self.feature_mean.len() != self.feature_std.len() {
-            return Err(PredictorError::Mismatch(
+            return Err(PredictorError::Norm(
                 "feature_mean and feature_std differ in length".into(),
             ));
         }

@@ -88,19 +88,27 @@ impl Weights {
             return bad("normalisation statistics have the wrong width".into());
         }
         self.norm.check_invariants()?;
-        let finite = self.layers.iter().all(|w| {
-            w.w_ih
-                .iter()
-                .chain(w.w_hh.iter())
-                .chain(w.bias.iter())
-                .all(|v| v.is_finite())
-        }) && self
-            .head_w
-            .iter()
-            .chain(self.head_b.iter())
-            .all(|v| v.is_finite());
-        if !finite {
-            return bad("weights contain NaN or infinity".into());
+        fn finite<'a>(mut v: impl Iterator<Item = &'a f32>) -> bool {
+            v.all(|x| x.is_finite())
+        }
+        for (l, w) in self.layers.iter().enumerate() {
+            for (name, ok) in [
+                ("w_ih", finite(w.w_ih.iter())),
+                ("w_hh", finite(w.w_hh.iter())),
+                ("bias", finite(w.bias.iter())),
+            ] {
+                if !ok {
+                    return Err(PredictorError::NonFiniteWeights(format!("lstm.{l}.{name}")));
+                }
+            }
+        }
+        for (name, ok) in [
+            ("head.weight", finite(self.head_w.iter())),
+            ("head.bias", finite(self.head_b.iter())),
+        ] {
+            if !ok {
+                return Err(PredictorError::NonFiniteWeights(name.to_string()));
+            }
         }
         Ok(())
     }
@@ -193,6 +201,12 @@ impl Weights {
             },
             PredictorError::Mismatch(what) => {
                 PredictorError::Mismatch(format!("{}: {what}", path.display()))
+            }
+            e @ (PredictorError::NonFiniteWeights(_) | PredictorError::Norm(_)) => {
+                PredictorError::Weights {
+                    path: path.into(),
+                    what: e.to_string(),
+                }
             }
             other => other,
         })

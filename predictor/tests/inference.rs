@@ -109,10 +109,33 @@ fn safetensors_roundtrip_and_bad_files() {
     // A missing file names the path.
     let e = Weights::load(std::path::Path::new("/nonexistent/x.safetensors"), None).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/x.safetensors"));
-    // NaN weights are refused.
+    // NaN weights are refused, naming the tensor, and in a file the file too.
     let mut nan = w.clone();
     nan.head_b[0] = f32::NAN;
-    assert!(EmbeddedLstm::new(nan).is_err());
+    let e = EmbeddedLstm::new(nan.clone()).unwrap_err().to_string();
+    assert!(e.contains("tensor head.bias holds NaN or infinity"), "{e}");
+    let dir = std::env::temp_dir().join(format!("memcast-nan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("nan.safetensors");
+    std::fs::write(&f, nan.to_safetensors().unwrap()).unwrap();
+    let e = Weights::load(&f, None).unwrap_err().to_string();
+    assert!(
+        e.contains("nan.safetensors: corrupt weights: tensor head.bias holds NaN"),
+        "{e}"
+    );
+    // burn's record is not read, and the error says what to give instead.
+    let mpk = std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../training-data/models/default/model.mpk"
+    ));
+    let e = memcast_predictor::artifact::load_weights(mpk)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("a burn record") && e.contains("model.safetensors"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
