@@ -232,3 +232,21 @@ fn outputs_fail_before_the_work_and_no_match_names_the_choices() {
     );
     assert!(!out.exists());
 }
+
+/// A budget that holds the trace's peak is replayed (nothing spills) with a warning that
+/// says so: 5 TiB for a 10 GiB trace printed a peak reserved of 5 TiB without a word.
+#[test]
+fn a_budget_above_the_peak_is_named_in_a_warning() {
+    let t = bundled("bert_dynseq_b16_train");
+    let o = common::memcast(&["replay", &t, "--budget", "5T", "--json"]);
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("holds the trace's peak of requested bytes") && err.contains("5.00 TiB"),
+        "{err}"
+    );
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["spills"], 0);
+    let o = common::memcast(&["replay", &t, "--budget", "60%", "--json"]);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("holds the trace's peak"));
+}

@@ -96,3 +96,18 @@ fn bad_models_and_backends_are_clear_errors() {
     ]);
     assert!(e.contains("CUDA") || e.contains("cuda"), "{e}");
 }
+
+/// A trace too short for any forecast to be scored is an error saying so (it printed a
+/// WAPE of 0 for every model and a ratio of NaN, and exited 0).
+#[test]
+fn eval_of_a_trace_with_nothing_to_score_is_an_error() {
+    let d = common::scratch("short");
+    let t = d.path().join("short.json");
+    std::fs::write(
+        &t,
+        r#"{"format": "memcast-trace", "version": 1, "trace": {"meta": {"name": "t", "source": "x", "description": ""}, "static_blocks": [], "events": [{"time_us": 0, "kind": "IterationBoundary"}, {"time_us": 1, "kind": {"Alloc": {"id": 1, "bytes": 1024, "stream": 0}}}, {"time_us": 2, "kind": {"Free": {"id": 1}}}]}}"#,
+    )
+    .unwrap();
+    let e = fails(&["eval", "--trace", &t.display().to_string()]);
+    assert!(e.contains("nothing to score"), "{e}");
+}

@@ -33,6 +33,17 @@ pub fn eval_one(model: &Option<PathBuf>, trace: &Path) -> Result<EvalReport> {
         "{}: the trace has no allocations, nothing to forecast",
         trace.display()
     );
+    // A forecast at step t is scored against steps t+1..=t+H: with no more than H
+    // steps, nothing is scored, and every WAPE would read 0 over nothing.
+    anyhow::ensure!(
+        series.len() > cfg.model.horizon,
+        "{}: {} steps, but a forecast is scored against the {} steps after it: nothing to score (at least {} steps are needed; a step ends after {} allocations or at an iteration boundary)",
+        trace.display(),
+        series.len(),
+        cfg.model.horizon,
+        cfg.model.horizon + 1,
+        cfg.step.allocs_per_step
+    );
     Ok(evaluate(&series, Some(&mut m))?)
 }
 

@@ -39,6 +39,19 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
             args.trace.display()
         );
     }
+    let peak = memcast_trace::stats::TraceStats::compute(&trace)?.peak_requested_bytes;
+    if budget.bytes(peak) >= peak {
+        eprintln!(
+            "warning: the budget ({}) holds the trace's peak of requested bytes ({}): nothing has to leave the device{}",
+            human_bytes(budget.bytes(peak)),
+            human_bytes(peak),
+            if args.no_arena {
+                ""
+            } else {
+                ", and the arena reserves the whole budget"
+            }
+        );
+    }
     let plan = match &args.plan {
         Some(p) => Some(
             memcast_alloc::tier::directives::Plan::load(p)
@@ -61,7 +74,6 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         let pool = Budget::parse_as(p, "pinned pool")
             .map_err(|e: String| anyhow::anyhow!(e))
             .context("--pinned")?;
-        let peak = memcast_trace::stats::TraceStats::compute(&trace)?.peak_requested_bytes;
         // 0 would mean "the replay's default": the smallest pool is one byte.
         tier.staging_bytes = pool.bytes(peak).max(1);
     }
