@@ -132,3 +132,44 @@ fn corpus_names_the_traces_it_has_no_pytorch_figures_for() {
         "{err}"
     );
 }
+
+/// A row naming a missing trace is an error naming the manifest's line (it was the
+/// trace's load error alone, after a warning about its figures); a row whose file is
+/// named for another workload is replayed with a warning, since PyTorch's figures are
+/// matched by the workload column.
+#[test]
+fn corpus_names_the_manifest_line_of_a_missing_or_misfiled_trace() {
+    let dir = common::scratch("corpus-rows");
+    let trace = "gcn_fixed_200k.mctrace";
+    std::fs::copy(
+        repo().join("training-data/corpus/test").join(trace),
+        dir.path().join(trace),
+    )
+    .unwrap();
+    let manifest = dir.path().join("manifest.tsv");
+    let header = "file\tworkload\tfamily\tshapes\tsplit\tdescription\n";
+    std::fs::write(
+        &manifest,
+        format!("{header}{trace}\tgcn_fixed_200k\tgcn\tstatic\ttest\tok\nnothere.mctrace\tnothere\tx\tstatic\ttest\tmissing\n"),
+    )
+    .unwrap();
+    let m = manifest.to_str().unwrap();
+    let err = fails(&["corpus", m]);
+    assert!(
+        err.contains("manifest.tsv line 3: the trace") && err.contains("nothere.mctrace"),
+        "{err}"
+    );
+    std::fs::write(
+        &manifest,
+        format!("{header}{trace}\tgat_dyngraph\tgat\tstatic\ttest\tmisfiled\n"),
+    )
+    .unwrap();
+    let o = common::memcast(&["corpus", m, "--json"]);
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("line 2: the file")
+            && err.contains("is named for gcn_fixed_200k, the row for workload gat_dyngraph"),
+        "{err}"
+    );
+}

@@ -85,6 +85,30 @@ pub fn run(args: CorpusArgs) -> Result<()> {
         "{}: no trace in split {split}",
         args.manifest.display()
     );
+    // Before any figure: a row naming a missing file, and one whose file is named for
+    // another workload (PyTorch's figures are matched by workload, so its replay would
+    // be set beside another job's figures).
+    for e in &entries {
+        let at = || format!("{} line {}", args.manifest.display(), e.line);
+        anyhow::ensure!(
+            e.path.is_file(),
+            "{}: the trace {} of workload {} does not exist",
+            at(),
+            e.path.display(),
+            e.workload
+        );
+        let stem = memcast_trace::io::trace_name(&e.path);
+        if stem != e.workload {
+            eprintln!(
+                "warning: {}: the file {} is named for {stem}, the row for workload {}: \
+                 PyTorch's figures are those of {}",
+                at(),
+                e.path.display(),
+                e.workload,
+                e.workload
+            );
+        }
+    }
     let unmeasured: Vec<&str> = entries
         .iter()
         .filter(|e| figures(&corpus, &e.workload, "pytorch-native").is_none())

@@ -62,6 +62,8 @@ impl fmt::Display for Split {
 pub struct Entry {
     /// The trace file (the manifest's `file`, joined to the manifest's folder).
     pub path: PathBuf,
+    /// The manifest line that lists it (1-based; line 1 is the header).
+    pub line: usize,
     pub workload: String,
     pub family: String,
     /// Whether shapes change between iterations (`shapes` = `dynamic`).
@@ -198,6 +200,7 @@ pub fn parse_manifest(text: &str, root: &Path) -> Result<Vec<Entry>, TraceError>
         }
         out.push(Entry {
             path,
+            line: n,
             workload: cols[1].to_string(),
             family: cols[2].to_string(),
             dynamic,
