@@ -53,16 +53,26 @@ struct Body {
     source_segments: Vec<SourceSegmentEvent>,
 }
 
-/// Whether `data` looks like a JSON document (its first non-blank byte is `{`).
+/// Whether `data` looks like a JSON document (its first non-blank byte, after a UTF-8
+/// byte-order mark if any, is `{`).
 pub fn is_json(data: &[u8]) -> bool {
-    data.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+    without_bom(data).iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+}
+
+/// `data` without a leading UTF-8 byte-order mark (some editors write one; JSON
+/// parsers refuse it).
+fn without_bom(data: &[u8]) -> &[u8] {
+    data.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(data)
 }
 
 /// Decodes a JSON trace document (not validated: [`crate::io::load_trace`] does that).
 pub fn decode(data: &[u8]) -> Result<Trace, TraceError> {
+    let bom = data.len() - without_bom(data).len();
+    let data = &data[bom..];
     let doc: Doc = serde_json::from_slice(data).map_err(|e| TraceError::Json {
         what: e.to_string(),
-        offset: byte_offset(data, e.line(), e.column()),
+        // In the file: after the byte-order mark.
+        offset: bom as u64 + byte_offset(data, e.line(), e.column()),
     })?;
     if doc.format != FORMAT {
         return Err(TraceError::Json {
@@ -128,6 +138,16 @@ mod tests {
         // The model's serde form round-trips through the document.
         let doc = serde_json::json!({"format": FORMAT, "version": VERSION, "trace": t});
         assert_eq!(decode(doc.to_string().as_bytes()).unwrap(), t);
+        // A UTF-8 byte-order mark before the document is read past (it was "unknown
+        // format"), and an error's offset counts it.
+        let bom = [&b"\xEF\xBB\xBF"[..], GOOD.as_bytes()].concat();
+        assert!(is_json(&bom));
+        assert_eq!(decode(&bom).unwrap(), t);
+        let bad = [&b"\xEF\xBB\xBF"[..], b"{\"format\": x}"].concat();
+        match decode(&bad).unwrap_err() {
+            TraceError::Json { offset, .. } => assert_eq!(offset, 3 + 11),
+            e => panic!("{e}"),
+        }
     }
 
     #[test]
