@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{bundled, memcast};
+use common::{bundled, fails, memcast};
 
 fn replay_json(args: &[&str]) -> serde_json::Value {
     let o = memcast(args);
@@ -67,6 +67,18 @@ fn replay_reports_bad_input_without_panicking() {
     let o = memcast(&["replay", &t, "--conf", "growth_factor:0.5"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("growth_factor"));
+    // A static block that cannot be made is named as one (it read "event 0"), and a
+    // granule larger than the device is named at setup (every first allocation failed).
+    let e = fails(&["replay", &t, "--conf", "max_request:1M"]);
+    assert!(
+        e.contains("static block 101 (id 5589, 33554432 bytes)"),
+        "{e}"
+    );
+    let e = fails(&["replay", &t, "--conf", "segment_granule:1P"]);
+    assert!(
+        e.contains("segment_granule 1125899906842624 is larger than the device's"),
+        "{e}"
+    );
 }
 
 #[test]

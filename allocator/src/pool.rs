@@ -195,6 +195,16 @@ impl<B: DeviceBackend> Allocator<B> {
         release: Box<dyn ReleasePolicy>,
     ) -> Result<Self, AllocError> {
         cfg.validate()?;
+        // Every segment is a whole number of granules: one larger than the device makes
+        // every first allocation fail, far from the setting that caused it.
+        if cfg.segment_granule > backend.capacity() {
+            return Err(AllocError::Config(format!(
+                "segment_granule {} is larger than the device's {} bytes ({}): no segment could be made",
+                cfg.segment_granule,
+                backend.capacity(),
+                backend.name()
+            )));
+        }
         let classes = SizeClasses::new(cfg.min_block, cfg.small_max, cfg.classes_per_doubling);
         let placement = crate::placement::for_config(&cfg, classes.small_max())?;
         Ok(Allocator {

@@ -281,6 +281,15 @@ pub enum ReplayError {
         #[source]
         source: AllocError,
     },
+    /// Making static block `index` (of `Trace::static_blocks`, before any event) failed.
+    #[error("static block {index} (id {id}, {bytes} bytes)")]
+    StaticBlock {
+        index: u64,
+        id: u64,
+        bytes: u64,
+        #[source]
+        source: AllocError,
+    },
     #[error("event {index}: {what}")]
     Trace { index: u64, what: String },
     /// The allocator could not be made (its settings: a missing model, a profile that

@@ -76,12 +76,18 @@ fn run_inner<T: ReplayTarget>(
             warmed[i] = Some(h);
         }
     }
-    for (b, w) in trace.static_blocks.iter().zip(warmed) {
+    for (i, (b, w)) in trace.static_blocks.iter().zip(warmed).enumerate() {
         let h = match w {
             Some(h) => h,
             None => {
                 ensure_stream(&mut t, b.stream, 0)?;
-                t.alloc(b.bytes, b.stream).map_err(fail(0))?
+                t.alloc(b.bytes, b.stream)
+                    .map_err(|source| ReplayError::StaticBlock {
+                        index: i as u64,
+                        id: b.id,
+                        bytes: b.bytes,
+                        source,
+                    })?
             }
         };
         if live.insert(b.id, (h, b.stream, b.bytes)).is_some() {
