@@ -250,3 +250,36 @@ fn a_budget_above_the_peak_is_named_in_a_warning() {
     let o = common::memcast(&["replay", &t, "--budget", "60%", "--json"]);
     assert!(!String::from_utf8_lossy(&o.stderr).contains("holds the trace's peak"));
 }
+
+/// `--real-time` on a trace that spans longer than a few seconds says how long before
+/// it starts waiting (it slept without a word; this trace spans over a day).
+#[test]
+fn a_long_real_time_replay_says_its_span_first() {
+    use std::io::BufRead;
+    let d = common::scratch("real-time");
+    let t = d.path().join("long.json");
+    std::fs::write(
+        &t,
+        r#"{"format": "memcast-trace", "version": 1, "trace": {"meta": {"name": "t", "source": "x", "description": ""}, "static_blocks": [], "events": [{"time_us": 0, "kind": "IterationBoundary"}, {"time_us": 1, "kind": {"Alloc": {"id": 1, "bytes": 1024, "stream": 0}}}, {"time_us": 100000000000, "kind": {"Free": {"id": 1}}}]}}"#,
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_memcast"))
+        .args(["replay", "--real-time", &t.display().to_string()])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The first line of stderr, or nothing within 30 s (a silent wait).
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(err).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(std::time::Duration::from_secs(30));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let line = line.expect("a line on stderr before the wait");
+    assert!(line.contains("the trace spans 100000 s"), "{line}");
+}

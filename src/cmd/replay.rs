@@ -511,6 +511,19 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         AllocConfig::default()
     };
     warn_unused_predictive_keys(&args, &config);
+    if args.real_time {
+        // The replay takes the trace's span of wall time (per policy): said before it
+        // starts, so that a long one is not a silent wait.
+        let span_s = match (trace.events.first(), trace.events.last()) {
+            (Some(a), Some(b)) => b.time_us.saturating_sub(a.time_us) as f64 / 1e6,
+            _ => 0.0,
+        };
+        if span_s > 10.0 {
+            eprintln!(
+                "--real-time: the trace spans {span_s:.0} s, which each replayed policy takes"
+            );
+        }
+    }
     let costs = cost_model(&args)?;
     let mut reports = Vec::new();
     for p in policies(&args) {
