@@ -283,3 +283,26 @@ fn a_long_real_time_replay_says_its_span_first() {
     let line = line.expect("a line on stderr before the wait");
     assert!(line.contains("the trace spans 100000 s"), "{line}");
 }
+
+/// Page release on fixed segments changes nothing, and says so (it was accepted
+/// without a word), also under a budget, whose replays use fixed segments.
+#[test]
+fn page_release_without_growable_segments_is_named() {
+    let t = bundled("bert_dynseq_b16_train");
+    for args in [
+        &["--conf", "page_release:peak,growable_segments:false"][..],
+        &["--conf", "page_release:peak", "--budget", "60%"][..],
+    ] {
+        let mut a = vec!["replay", &t, "--json"];
+        a.extend_from_slice(args);
+        let o = common::memcast(&a);
+        assert!(o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("page_release applies to growable segments"),
+            "{args:?}: {err}"
+        );
+    }
+    let o = common::memcast(&["replay", &t, "--conf", "page_release:peak", "--json"]);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("page_release applies"));
+}

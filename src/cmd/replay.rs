@@ -355,6 +355,18 @@ pub fn alloc_config(args: &ReplayArgs, base: AllocConfig) -> Result<AllocConfig>
     if let Some(m) = &args.model {
         config.model = Some(m.display().to_string());
     }
+    if config.page_release != memcast_alloc::config::PageRelease::OnOom && !config.growable_segments
+    {
+        eprintln!(
+            "warning: page_release applies to growable segments, which these settings do not use \
+             (growable_segments:false{}): it changes nothing",
+            if args.budget.is_some() {
+                "; replays under --budget use fixed segments unless growable_segments:true"
+            } else {
+                ""
+            }
+        );
+    }
     Ok(config)
 }
 
