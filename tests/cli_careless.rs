@@ -204,8 +204,9 @@ fn zero_byte_tensors_hold_no_memory_with_or_without_a_budget() {
 }
 
 /// Outputs that cannot be made fail before the work: `train` makes its artifact folder
-/// before loading and training (a folder it could not make failed after the training),
-/// and `demo --only` matching no bundled trace names them and makes no output folder.
+/// once its traces load, before training (a folder it could not make failed after the
+/// training), and refuses a trace given twice before making it; `demo --only` matching
+/// no bundled trace names them and makes no output folder.
 #[test]
 fn outputs_fail_before_the_work_and_no_match_names_the_choices() {
     let t = bundled("bert_dynseq_b16_train");
@@ -219,10 +220,20 @@ fn outputs_fail_before_the_work_and_no_match_names_the_choices() {
         "/proc/nonexistent/m",
     ]);
     assert!(e.contains("/proc/nonexistent/m"), "{e}");
-    assert!(
-        !e.contains("steps (loaded"),
-        "loaded and featurized first: {e}"
-    );
+    assert!(!e.contains("steps (loaded"), "went on to train: {e}");
+    let d = common::scratch("train-twice");
+    let out = d.path().join("m");
+    let folder = common::repo().join("training-data/traces");
+    let e = fails(&[
+        "train",
+        "--traces",
+        &t,
+        &folder.display().to_string(),
+        "-o",
+        &out.display().to_string(),
+    ]);
+    assert!(e.contains("bert_dynseq_b16_train.mctrace is given twice"), "{e}");
+    assert!(!out.exists());
     let d = common::scratch("demo-only");
     let out = d.path().join("demo");
     let e = fails(&["demo", "--only", "zzz", "--out", &out.display().to_string()]);

@@ -246,6 +246,23 @@ pub fn trace_files(inputs: &[std::path::PathBuf]) -> crate::Result<Vec<std::path
             out.push(p.clone());
         }
     }
+    // One file named twice (directly, or also through its folder) would count twice,
+    // and could be its own validation trace.
+    let key = |f: &std::path::PathBuf| std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
+    let mut seen = std::collections::HashMap::new();
+    for f in &out {
+        if let Some(first) = seen.insert(key(f), f) {
+            let also = if first == f {
+                String::new()
+            } else {
+                format!(" (also as {})", first.display())
+            };
+            return Err(crate::PredictorError::Config(format!(
+                "the trace {} is given twice{also}: give each trace once",
+                f.display()
+            )));
+        }
+    }
     Ok(out)
 }
 

@@ -181,10 +181,11 @@ pub fn run(a: TrainArgs) -> Result<()> {
             a.output.display()
         );
     }
-    // Made now: a folder that cannot be made fails before the training, not after it.
-    memcast_trace::output::create_dir(&a.output)?;
     let t0 = std::time::Instant::now();
     let series = load_all(&a.traces, &a.exclude, config.step, config.model.horizon)?;
+    // Made now, once the traces loaded: a folder that cannot be made fails before the
+    // training, not after it.
+    memcast_trace::output::create_dir(&a.output)?;
     let steps: usize = series.iter().map(|s| s.len()).sum();
     eprintln!(
         "{} traces, {steps} steps (loaded and featurized in {:.1} s)",
