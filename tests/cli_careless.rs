@@ -232,7 +232,10 @@ fn outputs_fail_before_the_work_and_no_match_names_the_choices() {
         "-o",
         &out.display().to_string(),
     ]);
-    assert!(e.contains("bert_dynseq_b16_train.mctrace is given twice"), "{e}");
+    assert!(
+        e.contains("bert_dynseq_b16_train.mctrace is given twice"),
+        "{e}"
+    );
     assert!(!out.exists());
     let d = common::scratch("demo-only");
     let out = d.path().join("demo");

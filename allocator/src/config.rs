@@ -399,6 +399,15 @@ pub const KEYS: [&str; 30] = [
     "forecast_thread",
 ];
 
+/// The keys only predictive mode reads (`predictive` itself switches it on).
+pub const PREDICTIVE_KEYS: [&str; 5] = [
+    "forecaster",
+    "model",
+    "horizon",
+    "predictive_actions",
+    "forecast_thread",
+];
+
 /// `path: error`, where `error` does not already begin with `path` (file errors name
 /// their file): a path said once.
 pub(crate) fn named(path: &str, e: &impl std::fmt::Display) -> String {
@@ -740,6 +749,13 @@ mod tests {
             "{}",
             e("growth_cap:2M")
         );
+    }
+
+    #[test]
+    fn predictive_keys_are_keys() {
+        for k in PREDICTIVE_KEYS {
+            assert!(KEYS.contains(&k), "{k}");
+        }
     }
 
     #[test]

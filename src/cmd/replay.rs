@@ -485,16 +485,7 @@ pub fn warn_unused_predictive_keys(args: &ReplayArgs, config: &AllocConfig) {
     let keys: Vec<&str> = conf
         .split(',')
         .filter_map(|item| Some(item.split_once(':')?.0.trim()))
-        .filter(|k| {
-            [
-                "model",
-                "horizon",
-                "forecaster",
-                "predictive_actions",
-                "forecast_thread",
-            ]
-            .contains(k)
-        })
+        .filter(|k| memcast_alloc::config::PREDICTIVE_KEYS.contains(k))
         .collect();
     if !keys.is_empty() {
         eprintln!(

@@ -136,11 +136,6 @@ pub enum ExportFormat {
     Jsonl,
 }
 
-/// `-o` must not name the file the command reads (it would be replaced).
-fn check_not_input(output: &std::path::Path, input: &std::path::Path, what: &str) -> Result<()> {
-    Ok(memcast_trace::output::check_not_input(output, input, what)?)
-}
-
 pub fn run(c: TraceCommand) -> Result<()> {
     match c {
         TraceCommand::Import {
@@ -149,7 +144,7 @@ pub fn run(c: TraceCommand) -> Result<()> {
             import,
             zstd,
         } => {
-            check_not_input(&output, &file, "the trace")?;
+            memcast_trace::output::check_not_input(&output, &file, "the trace")?;
             let t = import.load(&file)?;
             let opts = WriteOptions {
                 zstd_level: (zstd > 0).then_some(zstd),
@@ -181,7 +176,7 @@ pub fn run(c: TraceCommand) -> Result<()> {
             import,
             step_allocs,
         } => {
-            check_not_input(&output, &file, "the trace")?;
+            memcast_trace::output::check_not_input(&output, &file, "the trace")?;
             let t = import.load(&file)?;
             let n = super::features_csv::write(&t, step_allocs, &output)?;
             out!("{}: {n} steps -> {}", file.display(), output.display());
@@ -192,7 +187,7 @@ pub fn run(c: TraceCommand) -> Result<()> {
             output,
             import,
         } => {
-            check_not_input(&output, &file, "the trace")?;
+            memcast_trace::output::check_not_input(&output, &file, "the trace")?;
             let t = import.load(&file)?;
             let format = match format {
                 ExportFormat::Csv => TextFormat::Csv,
@@ -205,7 +200,7 @@ pub fn run(c: TraceCommand) -> Result<()> {
             output,
             import,
         } => {
-            check_not_input(&output, &file, "the trace")?;
+            memcast_trace::output::check_not_input(&output, &file, "the trace")?;
             let t = import.load(&file)?;
             super::plot::plot_trace(&t, &output)?;
             out!("{}", output.display());
