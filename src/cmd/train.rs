@@ -184,8 +184,15 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let t0 = std::time::Instant::now();
     let series = load_all(&a.traces, &a.exclude, config.step, config.model.horizon)?;
     // Made now, once the traces loaded: a folder that cannot be made fails before the
-    // training, not after it.
+    // training, not after it. One made here is removed again if the training fails
+    // (only while empty: nothing else is ever removed).
+    let made = !a.output.exists();
     memcast_trace::output::create_dir(&a.output)?;
+    let unmade = || {
+        if made {
+            let _ = std::fs::remove_dir(&a.output);
+        }
+    };
     let steps: usize = series.iter().map(|s| s.len()).sum();
     eprintln!(
         "{} traces, {steps} steps (loaded and featurized in {:.1} s)",
@@ -202,7 +209,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
             .progress_chars("=> "),
     );
     let mut bar = Bar(pb);
-    let out = train_with(a.backend, &series, &config, &mut bar)?;
+    let out = train_with(a.backend, &series, &config, &mut bar).inspect_err(|_| unmade())?;
     bar.0.finish_and_clear();
     for w in &out.warnings {
         eprintln!("warning: {w}");
