@@ -272,11 +272,7 @@ fn a_long_real_time_replay_says_its_span_first() {
     use std::io::BufRead;
     let d = common::scratch("real-time");
     let t = d.path().join("long.json");
-    std::fs::write(
-        &t,
-        r#"{"format": "memcast-trace", "version": 1, "trace": {"meta": {"name": "t", "source": "x", "description": ""}, "static_blocks": [], "events": [{"time_us": 0, "kind": "IterationBoundary"}, {"time_us": 1, "kind": {"Alloc": {"id": 1, "bytes": 1024, "stream": 0}}}, {"time_us": 100000000000, "kind": {"Free": {"id": 1}}}]}}"#,
-    )
-    .unwrap();
+    common::one_tensor_trace(&t, 100_000_000_000);
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_memcast"))
         .args(["replay", "--real-time", &t.display().to_string()])
         .stderr(std::process::Stdio::piped())

@@ -100,19 +100,12 @@ fn corpus_names_a_bad_split_and_a_missing_manifest() {
 /// empty without a word.
 #[test]
 fn corpus_names_the_traces_it_has_no_pytorch_figures_for() {
-    let dir = common::scratch("corpus-figures");
     let trace = "gcn_fixed_200k.mctrace";
-    std::fs::copy(
-        repo().join("training-data/corpus/test").join(trace),
-        dir.path().join(trace),
-    )
-    .unwrap();
-    let manifest = dir.path().join("manifest.tsv");
-    std::fs::write(
-        &manifest,
-        format!("file\tworkload\tfamily\tshapes\tsplit\tdescription\n{trace}\tgcn_copy\tgcn\tstatic\ttest\ta copy\n"),
-    )
-    .unwrap();
+    let (dir, manifest) = common::scratch_corpus(
+        "corpus-figures",
+        trace,
+        &format!("{trace}\tgcn_copy\tgcn\tstatic\ttest\ta copy\n"),
+    );
     let run = || {
         let o = common::memcast(&["corpus", manifest.to_str().unwrap(), "--json"]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -139,20 +132,12 @@ fn corpus_names_the_traces_it_has_no_pytorch_figures_for() {
 /// matched by the workload column.
 #[test]
 fn corpus_names_the_manifest_line_of_a_missing_or_misfiled_trace() {
-    let dir = common::scratch("corpus-rows");
     let trace = "gcn_fixed_200k.mctrace";
-    std::fs::copy(
-        repo().join("training-data/corpus/test").join(trace),
-        dir.path().join(trace),
-    )
-    .unwrap();
-    let manifest = dir.path().join("manifest.tsv");
-    let header = "file\tworkload\tfamily\tshapes\tsplit\tdescription\n";
-    std::fs::write(
-        &manifest,
-        format!("{header}{trace}\tgcn_fixed_200k\tgcn\tstatic\ttest\tok\nnothere.mctrace\tnothere\tx\tstatic\ttest\tmissing\n"),
-    )
-    .unwrap();
+    let (_dir, manifest) = common::scratch_corpus(
+        "corpus-rows",
+        trace,
+        &format!("{trace}\tgcn_fixed_200k\tgcn\tstatic\ttest\tok\nnothere.mctrace\tnothere\tx\tstatic\ttest\tmissing\n"),
+    );
     let m = manifest.to_str().unwrap();
     let err = fails(&["corpus", m]);
     assert!(
@@ -161,7 +146,10 @@ fn corpus_names_the_manifest_line_of_a_missing_or_misfiled_trace() {
     );
     std::fs::write(
         &manifest,
-        format!("{header}{trace}\tgat_dyngraph\tgat\tstatic\ttest\tmisfiled\n"),
+        format!(
+            "{}{trace}\tgat_dyngraph\tgat\tstatic\ttest\tmisfiled\n",
+            common::MANIFEST_HEADER
+        ),
     )
     .unwrap();
     let o = common::memcast(&["corpus", m, "--json"]);

@@ -103,11 +103,7 @@ fn bad_models_and_backends_are_clear_errors() {
 fn eval_of_a_trace_with_nothing_to_score_is_an_error() {
     let d = common::scratch("short");
     let t = d.path().join("short.json");
-    std::fs::write(
-        &t,
-        r#"{"format": "memcast-trace", "version": 1, "trace": {"meta": {"name": "t", "source": "x", "description": ""}, "static_blocks": [], "events": [{"time_us": 0, "kind": "IterationBoundary"}, {"time_us": 1, "kind": {"Alloc": {"id": 1, "bytes": 1024, "stream": 0}}}, {"time_us": 2, "kind": {"Free": {"id": 1}}}]}}"#,
-    )
-    .unwrap();
+    common::one_tensor_trace(&t, 2);
     let e = fails(&["eval", "--trace", &t.display().to_string()]);
     assert!(e.contains("nothing to score"), "{e}");
 }

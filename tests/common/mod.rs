@@ -173,6 +173,32 @@ pub fn scratch(name: &str) -> tempfile::TempDir {
         .unwrap()
 }
 
+/// A JSON trace document at `path`: one iteration, one 1 KiB tensor allocated at 1 us
+/// and freed at `free_us`.
+pub fn one_tensor_trace(path: &std::path::Path, free_us: u64) {
+    let doc = format!(
+        r#"{{"format": "memcast-trace", "version": 1, "trace": {{"meta": {{"name": "t", "source": "x", "description": ""}}, "static_blocks": [], "events": [{{"time_us": 0, "kind": "IterationBoundary"}}, {{"time_us": 1, "kind": {{"Alloc": {{"id": 1, "bytes": 1024, "stream": 0}}}}}}, {{"time_us": {free_us}, "kind": {{"Free": {{"id": 1}}}}}}]}}}}"#
+    );
+    std::fs::write(path, doc).unwrap();
+}
+
+/// The header of a corpus manifest.
+pub const MANIFEST_HEADER: &str = "file\tworkload\tfamily\tshapes\tsplit\tdescription\n";
+
+/// A scratch directory holding a copy of the test-split corpus trace `trace` and a
+/// manifest of `rows` (after the header): the directory and the manifest's path.
+pub fn scratch_corpus(name: &str, trace: &str, rows: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = scratch(name);
+    std::fs::copy(
+        repo().join("training-data/corpus/test").join(trace),
+        dir.path().join(trace),
+    )
+    .unwrap();
+    let manifest = dir.path().join("manifest.tsv");
+    std::fs::write(&manifest, format!("{MANIFEST_HEADER}{rows}")).unwrap();
+    (dir, manifest)
+}
+
 /// Every entry under `dir` with its length and modification time, sorted: what a test
 /// compares before and after a command to see that nothing else was touched.
 pub fn listing(dir: &std::path::Path) -> Vec<(PathBuf, u64, std::time::SystemTime, bool)> {
