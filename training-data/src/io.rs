@@ -151,7 +151,8 @@ fn read_sniffed(path: &Path) -> Result<Vec<u8>, TraceError> {
 /// Reads at most `limit` bytes of `path`: a longer file, or an endless source (a pipe,
 /// a device), is an error of kind `InvalidData` saying so, once `limit + 1` bytes are
 /// read. For the settings and weights files memcast reads whole
-/// ([`MAX_TEXT_FILE_BYTES`], [`MAX_WEIGHTS_BYTES`]).
+/// ([`MAX_TEXT_FILE_BYTES`](crate::limits::MAX_TEXT_FILE_BYTES),
+/// [`MAX_WEIGHTS_BYTES`](crate::limits::MAX_WEIGHTS_BYTES)).
 pub fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     std::fs::File::open(path)?

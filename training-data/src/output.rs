@@ -101,8 +101,8 @@ pub fn check(path: &Path) -> Result<(), TraceError> {
 
 /// Refuses an output `path` that is the file `input` (by any name: a link, another
 /// path to it, a hard link), which the write would replace: `what` names the input in
-/// the error (`-o x.mctrace names the trace it reads`). Paths that do not both exist
-/// are different files.
+/// the error (`t.mctrace: is the trace (t.mctrace), which this command reads: ...`).
+/// Paths that do not both exist are different files.
 pub fn check_not_input(path: &Path, input: &Path, what: &str) -> Result<(), TraceError> {
     if same_file(path, input) {
         return Err(err(

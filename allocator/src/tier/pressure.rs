@@ -9,13 +9,13 @@
 //!   when their copies complete.
 //! - If the allocation still fails (out of memory), the caller waits: first for spills
 //!   already in flight (oldest first), then for new spills it issues and waits for at
-//!   once, then for prefetches in flight (which make their tensors spillable) and
-//!   for stuck copies to land (their streams synchronized, which frees the device
-//!   blocks of stuck copies in), and finally also spills prefetched tensors not yet
-//!   used. Before each wait, while the
-//!   free bytes would hold the request, it first tries to open a block on the device
-//!   ([`relocate`](super::relocate), `TierConfig::relocate`). Only when nothing can
-//!   move does it return [`TierError::OutOfMemory`] with the bytes short.
+//!   once, then for prefetches in flight (which make their tensors spillable) and for
+//!   stuck copies to land (their streams synchronized, which frees the device blocks
+//!   of stuck copies in), and finally also spills prefetched tensors not yet used.
+//!   Before each wait, while the free bytes would hold the request, it first tries to
+//!   open a block on the device ([`relocate`](super::relocate),
+//!   `TierConfig::relocate`). Only when nothing can move does it return
+//!   [`TierError::OutOfMemory`] with the bytes short.
 //!
 //! Cost: building the candidate list is O(tensors) and ordering it O(n log n); it runs
 //! once per watermark crossing (a batch of spills) and per out-of-memory retry. While
