@@ -233,17 +233,21 @@ impl CostModel {
     }
 
     /// Piecewise-linear interpolation in log2(size), clamped at both ends.
+    ///
+    /// Cost: a scan of the table comparing sizes (log2 is monotonic, so the segment is
+    /// found without it) and three `log2` for the segment found. The victim choice
+    /// scores every spill candidate with two of these per choice.
     pub fn interp(table: &[(f64, f64)], bytes: f64) -> f64 {
-        let x = bytes.max(1.0).log2();
+        let b = bytes.max(1.0);
         let first = table[0];
-        if x <= first.0.log2() {
+        if b <= first.0 {
             return first.1;
         }
         for w in table.windows(2) {
-            let (x0, y0) = (w[0].0.log2(), w[0].1);
-            let (x1, y1) = (w[1].0.log2(), w[1].1);
-            if x <= x1 {
-                return y0 + (y1 - y0) * (x - x0) / (x1 - x0);
+            if b <= w[1].0 {
+                let (x0, y0) = (w[0].0.log2(), w[0].1);
+                let (x1, y1) = (w[1].0.log2(), w[1].1);
+                return y0 + (y1 - y0) * (b.log2() - x0) / (x1 - x0);
             }
         }
         table[table.len() - 1].1
