@@ -301,6 +301,43 @@ mod tests {
         assert_eq!(pick(""), None);
     }
 
+    /// The interpolation is its definition: linear in log2(size) between the rows that
+    /// bracket a size, the end rows' values beyond them. Every row, a point between
+    /// each two rows and both sides of each row, on every table of both models.
+    #[test]
+    fn interpolation_is_linear_in_log_size_between_the_bracketing_rows() {
+        let by_definition = |t: &[(f64, f64)], b: f64| {
+            let x = b.max(1.0).log2();
+            let i = t.partition_point(|&(s, _)| s.log2() < x);
+            if i == 0 {
+                return t[0].1;
+            }
+            if i == t.len() {
+                return t[t.len() - 1].1;
+            }
+            let ((s0, y0), (s1, y1)) = (t[i - 1], t[i]);
+            y0 + (y1 - y0) * (x - s0.log2()) / (s1.log2() - s0.log2())
+        };
+        for c in [CostModel::h200(), CostModel::h100()] {
+            for t in [&c.malloc, &c.free, &c.h2d_pinned, &c.d2h_pageable, &c.d2d] {
+                let mut sizes = vec![0.0, 1.0, 3.0, 1e18];
+                for w in t.windows(2) {
+                    sizes.push((w[0].0 * w[1].0).sqrt());
+                }
+                for &(s, _) in t.iter() {
+                    sizes.extend([s.floor(), s, s.ceil() + 1.0]);
+                }
+                for b in sizes {
+                    let (got, want) = (CostModel::interp(t, b), by_definition(t, b));
+                    assert!(
+                        (got - want).abs() <= 1e-9 * want.abs().max(1.0),
+                        "size {b}: {got} against {want}"
+                    );
+                }
+            }
+        }
+    }
+
     /// The example file the docs point users to is the H100's model, field for field.
     #[test]
     fn the_documented_example_file_is_the_h100_model() {
