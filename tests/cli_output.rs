@@ -98,6 +98,25 @@ fn dev_full_is_written_in_place_and_fails_cleanly() {
     assert!(!created, "{name} was created");
 }
 
+/// A file whose folder takes no new file (`/proc/self`): the error names the temporary
+/// file that could not be made, not a bare "No such file or directory".
+#[test]
+fn a_file_in_a_folder_that_takes_no_new_file_names_the_temporary_file() {
+    let t = bundled("resnet50_b64_train");
+    let m = measured(
+        &["trace", "features", &t, "-o", "/proc/self/status"],
+        &[],
+        false,
+    );
+    m.clean_failure(
+        "-o /proc/self/status",
+        &[
+            "/proc/self/status",
+            "cannot create the temporary file /proc/self/.status.tmp",
+        ],
+    );
+}
+
 #[test]
 fn a_regular_file_is_replaced_whole_and_a_folder_is_refused() {
     let d = scratch("regular");

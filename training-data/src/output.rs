@@ -162,7 +162,21 @@ pub fn write_with(
                 .unwrap_or_default();
             let tmp = p.with_file_name(format!(".{name}.tmp{}", std::process::id()));
             let write = || -> io::Result<()> {
-                let file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+                // A folder where the file exists but no new one can be made (`/proc`,
+                // a read-only mount with a writable file): name the file that failed.
+                let file = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&tmp)
+                    .map_err(|e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!(
+                                "cannot create the temporary file {} beside it (the output is written there, then renamed over it): {e}",
+                                tmp.display()
+                            ),
+                        )
+                    })?;
                 let mut w = BufWriter::new(file);
                 f(&mut w)?;
                 let file = w.into_inner().map_err(|e| e.into_error())?;
