@@ -168,6 +168,10 @@ fn options_that_cannot_apply_are_errors() {
         (vec!["replay", &t, "--no-arena"], "--no-arena"),
         (vec!["replay", &t, "--no-relocate"], "--no-relocate"),
         (vec!["replay", &t, "--early-pageable"], "--early-pageable"),
+        (
+            vec!["replay", &t, "--spill-hysteresis"],
+            "--spill-hysteresis",
+        ),
         (vec!["replay", &t, "--pinned", "25%"], "--pinned"),
         (
             vec!["replay", &t, "--budget", "60%", "--pinned", "1.5"],

@@ -51,7 +51,15 @@ impl<B: DeviceBackend> TierManager<B> {
         // the corpus's validation split (0.591), GPT-2 5.56 -> 5.97, ResNet-50
         // 3.07 -> 3.42, `gpt2_dynbatch` 1.29 -> 1.19 (docs/predictive.md).
         let planned = self.planner.as_deref().is_some_and(|p| p.has_moves());
-        if !planned && (allocated + bytes) as f64 > self.cfg.high_watermark * budget {
+        // `spill_hysteresis`: spills in flight count as gone here too (a batch, then none
+        // until the mark is crossed again); off, each allocation above the mark while
+        // copies are in flight spills its own size.
+        let counted = if self.cfg.spill_hysteresis {
+            allocated.saturating_sub(self.releasing)
+        } else {
+            allocated
+        };
+        if !planned && (counted + bytes) as f64 > self.cfg.high_watermark * budget {
             let keep = (self.cfg.low_watermark * budget) as u64;
             let target = (allocated + bytes)
                 .saturating_sub(self.releasing)

@@ -48,6 +48,8 @@ pub(super) fn manager_with_pool(seed: u64, pool: u64) -> (TierManager<TestBacken
         // default); the fixed-seed tests here do not, so that their 64 KiB pool does
         // not turn every early and planned spill away.
         early_spills_pinned: seed & 64 != 0,
+        // Half of them count spills in flight as gone at the high watermark.
+        spill_hysteresis: seed & 128 != 0,
         ..TierConfig::default()
     };
     // Half of them with predictive mode's prefetcher (the reads of longer iterations
@@ -710,4 +712,48 @@ fn a_prefetch_from_pageable_memory_is_a_miss_not_a_hit() {
         "{s:?}"
     );
     assert_eq!(s.prefetch_hit_rate(), 0.5);
+}
+
+/// `spill_hysteresis`: once a batch is on its way out, allocations above the high
+/// watermark spill nothing more until the mark is crossed again, counting the batch as
+/// gone; without it each such allocation spills its own size while the batch's copies
+/// are in flight (the copies out are held: a query never runs them).
+#[test]
+fn with_hysteresis_spills_in_flight_count_as_gone_at_the_high_watermark() {
+    let run = |hysteresis: bool| {
+        let (mut m, _switch) = manager_with_pool(0, 4 << 20);
+        m.cfg.spill_hysteresis = hysteresis;
+        m.cfg.early_spills_pinned = true;
+        let out_stream = m.pipe.streams().0;
+        m.alloc.backend_mut().inner.hold_on_query = Some(out_stream);
+        // 64 KiB tensors: the 29th passes 90% of 2 MiB and spills down to 80%.
+        let mut live = Vec::new();
+        for i in 0..29 {
+            live.push(put(&mut m, i, 64 << 10));
+            m.end_step();
+        }
+        let after_batch = m.stats.spills;
+        assert!(after_batch > 0, "the crossing spilled a batch");
+        for i in 29..32 {
+            live.push(put(&mut m, i, 64 << 10));
+            m.end_step();
+        }
+        m.check_invariants().unwrap();
+        let spills = (after_batch, m.stats.spills);
+        m.synchronize().unwrap();
+        for (i, &h) in live.iter().enumerate() {
+            assert_eq!(read(&mut m, h).unwrap(), pattern(i as u64, 64 << 10));
+            m.end_step();
+        }
+        m.check_invariants().unwrap();
+        spills
+    };
+    let (batch, with) = run(true);
+    assert_eq!(with, batch, "no spill while the batch is in flight");
+    let (batch, without) = run(false);
+    assert_eq!(
+        without,
+        batch + 3,
+        "one spill per allocation above the mark"
+    );
 }
