@@ -217,6 +217,21 @@ fn messages_name_the_cause() {
         &["train", "--traces", &traces, "--exclude", ""],
         &["matches every trace name"],
     );
+    // An empty name in --compare's list is named as one, not as a missing value.
+    for list in ["memcast,,naive", "memcast,", ",memcast"] {
+        let e = fails_with(
+            &["replay", &t, "--compare", list],
+            &["--compare: an empty name in the list"],
+        );
+        assert!(!e.contains("a value is required"), "{list}: {e}");
+    }
+    fails_with(
+        &["replay", &t, "--compare", "memcast,foo"],
+        &[
+            "invalid value 'foo'",
+            "possible values: memcast, predictive",
+        ],
+    );
 }
 
 #[test]

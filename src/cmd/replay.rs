@@ -40,6 +40,43 @@ pub enum PolicyArg {
     Reactive,
 }
 
+/// One name of `--compare`'s list: an empty one (two commas, or a comma at an end) is
+/// named as such (clap's own parser calls it a missing value); `--help` lists the
+/// policies as for `--policy`.
+#[derive(Clone)]
+struct CompareItem;
+
+impl clap::builder::TypedValueParser for CompareItem {
+    type Value = PolicyArg;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<PolicyArg, clap::Error> {
+        if value.to_string_lossy().trim().is_empty() {
+            let mut e = clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                "--compare: an empty name in the list (two commas in a row, or one at an end)\n",
+            );
+            e = e.with_cmd(cmd);
+            return Err(e);
+        }
+        clap::builder::EnumValueParser::<PolicyArg>::new().parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(
+        &self,
+    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        Some(Box::new(
+            PolicyArg::value_variants()
+                .iter()
+                .filter_map(ValueEnum::to_possible_value),
+        ))
+    }
+}
+
 impl PolicyArg {
     pub fn name(&self) -> &'static str {
         match self {
@@ -86,7 +123,7 @@ pub struct ReplayArgs {
     pub policy: PolicyArg,
     /// Replay several policies (comma-separated, e.g. `memcast,predictive`) and print
     /// them side by side; with --json one object keyed by policy name.
-    #[arg(long, value_delimiter = ',', value_enum, conflicts_with = "policy")]
+    #[arg(long, value_delimiter = ',', value_parser = CompareItem, conflicts_with = "policy")]
     pub compare: Vec<PolicyArg>,
     /// Forecaster of --policy predictive.
     #[arg(long, value_enum)]
