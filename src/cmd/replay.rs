@@ -40,9 +40,9 @@ pub enum PolicyArg {
     Reactive,
 }
 
-/// One name of `--compare`'s list: an empty one (two commas, or a comma at an end) is
-/// named as such (clap's own parser calls it a missing value); `--help` lists the
-/// policies as for `--policy`.
+/// One name of `--compare`'s list: an empty one (an empty argument, two commas, or a
+/// comma at an end) is named as such (clap's own parser calls it a missing value);
+/// `--help` lists the policies as for `--policy`.
 #[derive(Clone)]
 struct CompareItem;
 
@@ -56,12 +56,10 @@ impl clap::builder::TypedValueParser for CompareItem {
         value: &std::ffi::OsStr,
     ) -> Result<PolicyArg, clap::Error> {
         if value.to_string_lossy().trim().is_empty() {
-            let mut e = clap::Error::raw(
-                clap::error::ErrorKind::ValueValidation,
-                "--compare: an empty name in the list (two commas in a row, or one at an end)\n",
-            );
-            e = e.with_cmd(cmd);
-            return Err(e);
+            return Err(cmd.clone().error(
+                clap::error::ErrorKind::InvalidValue,
+                "--compare: an empty policy name (an empty argument, or a comma too many)",
+            ));
         }
         clap::builder::EnumValueParser::<PolicyArg>::new().parse_ref(cmd, arg, value)
     }
@@ -183,8 +181,9 @@ pub struct ReplayArgs {
     pub early_pageable: bool,
     /// With --budget: spills in flight count as gone at the high watermark, so that a
     /// batch is spilled once the mark is crossed and none until it is crossed again (by
-    /// default each allocation above the mark while a batch is in flight spills its
-    /// own size; much faster to replay with many live tensors: docs/tiers.md, "Limits").
+    /// default each allocation above the mark while a batch is in flight spills up to
+    /// its own size; much faster to replay with many live tensors: docs/tiers.md,
+    /// "Limits").
     #[arg(long)]
     pub spill_hysteresis: bool,
     /// With --budget: the pinned host pool that spills go to, written as --budget is

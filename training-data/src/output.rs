@@ -162,8 +162,9 @@ pub fn write_with(
                 .unwrap_or_default();
             let tmp = p.with_file_name(format!(".{name}.tmp{}", std::process::id()));
             let write = || -> io::Result<()> {
-                // A folder where the file exists but no new one can be made (`/proc`,
-                // a read-only mount with a writable file): name the file that failed.
+                // A folder where the file exists but no new one can be made (`/proc`, a
+                // folder the user cannot write holding a file they can): name the file
+                // that failed.
                 let file = OpenOptions::new()
                     .write(true)
                     .create_new(true)

@@ -319,13 +319,23 @@ mod tests {
             y0 + (y1 - y0) * (x - s0.log2()) / (s1.log2() - s0.log2())
         };
         for c in [CostModel::h200(), CostModel::h100()] {
-            for t in [&c.malloc, &c.free, &c.h2d_pinned, &c.d2h_pageable, &c.d2d] {
+            for t in [
+                &c.malloc,
+                &c.free,
+                &c.host_alloc_pinned,
+                &c.host_free_pinned,
+                &c.h2d_pinned,
+                &c.d2h_pinned,
+                &c.h2d_pageable,
+                &c.d2h_pageable,
+                &c.d2d,
+            ] {
                 let mut sizes = vec![0.0, 1.0, 3.0, 1e18];
                 for w in t.windows(2) {
                     sizes.push((w[0].0 * w[1].0).sqrt());
                 }
                 for &(s, _) in t.iter() {
-                    sizes.extend([s.floor(), s, s.ceil() + 1.0]);
+                    sizes.extend([s * (1.0 - 1e-9), s - 1.0, s, s + 1.0]);
                 }
                 for b in sizes {
                     let (got, want) = (CostModel::interp(t, b), by_definition(t, b));

@@ -163,9 +163,11 @@ pub struct TierConfig {
     /// Spills in flight count as gone when deciding whether an allocation crosses the
     /// high watermark, as they already do when sizing the batch. Off (the default),
     /// their bytes still count as allocated until their copies land, so each allocation
-    /// above the high watermark in that time spills its own size, choosing its victim
-    /// from a list of its own (O(n log n) in the live tensors per allocation); on, a
-    /// batch is spilled once the mark is crossed and none until it is crossed again.
+    /// above the high watermark in that time spills up to its own size, choosing its
+    /// victims from a list of its own (O(n log n) in the live tensors per allocation);
+    /// on, a batch is spilled once the mark is crossed and none until it is crossed
+    /// again (where the batch reached the low watermark: one cut short by the pinned
+    /// pool or the candidates leaves the next allocation above the mark).
     /// Measured on the corpus's train and validation splits at 60% (docs/tiers.md,
     /// "Limits"): reactive lower (train 1.3064 -> 1.2654, validation 0.5825 ->
     /// 0.5590), predictive mixed (train 1.0928 -> 1.1060, VGG-16 2.09 -> 2.66 where the

@@ -1,8 +1,10 @@
 //! Device memory pressure: watermark spills, the out-of-memory path, invariants.
 //!
 //! - Before each device allocation, if allocated device bytes plus the request would
-//!   pass `high_watermark x budget`, victims are spilled asynchronously until the bytes
-//!   that will remain (spills in flight counted as gone) are at `low_watermark x budget`,
+//!   pass `high_watermark x budget` (spills in flight counted as still allocated, or
+//!   with `TierConfig::spill_hysteresis` as gone), victims are spilled asynchronously
+//!   until the bytes that will remain (spills in flight counted as gone) are at
+//!   `low_watermark x budget`,
 //!   or, with `TierConfig::early_spills_pinned` (the default), until the pinned pool
 //!   has no room for another victim: nothing waits for these spills, and a copy to
 //!   pageable memory would hold the host until done. Their device memory is released
@@ -18,7 +20,9 @@
 //!   [`TierError::OutOfMemory`] with the bytes short.
 //!
 //! Cost: building the candidate list is O(tensors) and ordering it O(n log n); it runs
-//! once per watermark crossing (a batch of spills) and per out-of-memory retry. While
+//! once per watermark crossing (a batch of spills), then, while that batch's copies are
+//! in flight, at each allocation that still passes the mark (one with
+//! `spill_hysteresis`, until the mark is crossed again), and per out-of-memory retry. While
 //! the pinned pool is full (`early_spills_pinned`), allocations above the watermark pay
 //! a compare; while it holds only small ranges, the candidate list (no sort once no
 //! candidate fits).
@@ -52,8 +56,13 @@ impl<B: DeviceBackend> TierManager<B> {
         // 3.07 -> 3.42, `gpt2_dynbatch` 1.29 -> 1.19 (docs/predictive.md).
         let planned = self.planner.as_deref().is_some_and(|p| p.has_moves());
         // `spill_hysteresis`: spills in flight count as gone here too (a batch, then none
-        // until the mark is crossed again); off, each allocation above the mark while
-        // copies are in flight spills its own size.
+        // until the mark is crossed again, if the batch reached the low watermark); off,
+        // each allocation above the mark while copies are in flight spills up to its own
+        // size.
+        debug_assert!(
+            self.releasing <= allocated,
+            "spills in flight above allocated"
+        );
         let counted = if self.cfg.spill_hysteresis {
             allocated.saturating_sub(self.releasing)
         } else {
