@@ -115,6 +115,23 @@ fn a_file_in_a_folder_that_takes_no_new_file_names_the_temporary_file() {
             "cannot create the temporary file /proc/self/.status.tmp",
         ],
     );
+    // Found before the input is read: a missing input is not what the error names.
+    let m = measured(
+        &[
+            "trace",
+            "import",
+            "no-such.pickle",
+            "-o",
+            "/proc/self/status",
+        ],
+        &[],
+        false,
+    );
+    m.clean_failure(
+        "-o /proc/self/status, missing input",
+        &["cannot create the temporary file"],
+    );
+    assert!(!m.stderr.contains("no-such.pickle"), "{}", m.stderr);
 }
 
 #[test]

@@ -94,15 +94,52 @@ fn target(path: &Path) -> Result<Target, TraceError> {
 }
 
 /// Checks that [`write_with`] can write `path` (it resolves, is not a directory, its
-/// folder exists), without writing anything.
+/// folder exists and takes the temporary file, which is made and removed again), without
+/// writing to `path` itself.
 pub fn check(path: &Path) -> Result<(), TraceError> {
-    target(path).map(|_| ())
+    match target(path)? {
+        Target::Regular { path: p, .. } => {
+            let tmp = temporary(&p);
+            create_temporary(&tmp).map_err(|e| TraceError::io(path, e))?;
+            fs::remove_file(&tmp).map_err(|e| TraceError::io(&tmp, e))
+        }
+        Target::InPlace(_) => Ok(()),
+    }
+}
+
+/// The temporary file a write to the regular file `p` goes through, in its folder.
+fn temporary(p: &Path) -> PathBuf {
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    p.with_file_name(format!(".{name}.tmp{}", std::process::id()))
+}
+
+/// Creates the temporary file `tmp` (never an existing one). A folder where the file
+/// exists but no new one can be made (`/proc`, a folder the user cannot write holding a
+/// file they can) gets an error naming the temporary file.
+fn create_temporary(tmp: &Path) -> io::Result<fs::File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(tmp)
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot create the temporary file {} beside it (the output is written there, then renamed over it): {e}",
+                    tmp.display()
+                ),
+            )
+        })
 }
 
 /// Refuses an output `path` that is the file `input` (by any name: a link, another
 /// path to it, a hard link), which the write would replace: `what` names the input in
 /// the error (`t.mctrace: is the trace (t.mctrace), which this command reads: ...`).
-/// Paths that do not both exist are different files.
+/// Paths that do not both exist are different files. Then checks that the output can be
+/// written ([`check`]), so that a command reads its input only when it can write.
 pub fn check_not_input(path: &Path, input: &Path, what: &str) -> Result<(), TraceError> {
     if same_file(path, input) {
         return Err(err(
@@ -113,7 +150,7 @@ pub fn check_not_input(path: &Path, input: &Path, what: &str) -> Result<(), Trac
             ),
         ));
     }
-    Ok(())
+    check(path)
 }
 
 /// Whether `a` and `b` name one existing file (links followed).
@@ -156,28 +193,9 @@ pub fn write_with(
                 .map_err(|e| TraceError::io(path, e))
         }
         Target::Regular { path: p, perms } => {
-            let name = p
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let tmp = p.with_file_name(format!(".{name}.tmp{}", std::process::id()));
+            let tmp = temporary(&p);
             let write = || -> io::Result<()> {
-                // A folder where the file exists but no new one can be made (`/proc`, a
-                // folder the user cannot write holding a file they can): name the file
-                // that failed.
-                let file = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(&tmp)
-                    .map_err(|e| {
-                        io::Error::new(
-                            e.kind(),
-                            format!(
-                                "cannot create the temporary file {} beside it (the output is written there, then renamed over it): {e}",
-                                tmp.display()
-                            ),
-                        )
-                    })?;
+                let file = create_temporary(&tmp)?;
                 let mut w = BufWriter::new(file);
                 f(&mut w)?;
                 let file = w.into_inner().map_err(|e| e.into_error())?;
