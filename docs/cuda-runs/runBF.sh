@@ -1,10 +1,13 @@
 #!/bin/bash
-# Run BF: the held-out split tiered at 60% on an H200 (until now the whole split had run
-# on H100s only): the CUDA backend tests first, then every test trace replayed through
-# the CUDA backend, reactive against predictive, with scripts/tier_replays_gpu.sh (one
-# round; every replay's JSON in one file), the traces run BC put far from the sim first.
+# Run BF: the CUDA backend tests at the code with the cost model's faster interpolation
+# and `TierConfig::spill_hysteresis` (off by default), then every test trace replayed
+# through the CUDA backend at 60%, reactive against predictive, with
+# scripts/tier_replays_gpu.sh (one round; every replay's JSON in one file), the traces
+# run BC put far from the sim first (in the manifest's order among themselves).
+# Meant for an H200 (the whole split had run on H100s only); three calls for one found
+# none, so it ran on an H100 80GB HBM3 (the kind nvidia-h100-x1).
 # Staged with scripts/stage-gpu.sh .gpu; this script copied into .gpu; run from the
-# repository root with the kind nvidia-h200; figures in $OUT.
+# repository root; figures in $OUT.
 set -u
 root=$PWD
 here="$(cd "$(dirname "$0")" && pwd)"
