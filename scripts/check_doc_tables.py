@@ -15,7 +15,7 @@ table left stale. Run it before calling a change "same behaviour" and after
 regenerating a table. About 6 minutes on 2 cores after a release build (the checks of
 allocator.md, predictor.md and the targets of traces.md take about 1.5 of them).
 
-    python3 scripts/check_doc_tables.py [--only NAME ...]
+    python3 scripts/check_doc_tables.py [--only NAME ...] [--dump DIR]
 
 Exit status 1 if any row is missing, 0 otherwise. Tables whose cells depend on the host
 clock (`predictive_tables presplit`: host time, events per second; allocator.md's replay
@@ -32,6 +32,9 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# `--dump DIR` and the check being run (see `check`).
+DUMP = None
+NAME = ""
 FIGURES = "training-data/traces/pytorch_allocator_figures.jsonl"
 
 # (name, example and arguments, document, how its rows appear there)
@@ -399,13 +402,23 @@ def check(argv, cmd, text, how):
         rows = corpus_rows(run.stdout)
     elif how == "lstm/oracle":
         rows = merged_lstm_oracle(rows)
+    if DUMP:
+        with open(os.path.join(DUMP, NAME + ".rows"), "w") as f:
+            f.write("".join(r + "\n" for r in rows))
     return len(rows), [r for r in rows if r not in text], "rows"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", help="names of the checks to run")
+    ap.add_argument("--dump", metavar="DIR",
+                    help="also write the rows each table check prints, as the document "
+                    "holds them, to DIR/NAME.rows (one per line; to regenerate a table)")
     args = ap.parse_args()
+    global DUMP, NAME
+    DUMP = args.dump
+    if DUMP:
+        os.makedirs(DUMP, exist_ok=True)
     checks = [c for c in CHECKS if not args.only or c[0] in args.only]
     unknown = set(args.only or []) - {c[0] for c in CHECKS}
     if unknown:
@@ -421,6 +434,7 @@ def main():
         subprocess.run(["cargo", "build", "--release", "-p", "memcast"], cwd=ROOT, check=True)
     missing_total = 0
     for name, cmd, doc, how in checks:
+        NAME = name
         if cmd[0] == "cargo":
             argv = cmd
         elif cmd[0] == "memcast":
