@@ -1,7 +1,8 @@
 #!/bin/bash
 # Run BG: scripts/gpu-tests.sh whole (the CUDA backend tests and measurements, the
-# memcast_torch library tests, the Python tests, the device replays) at the code where
-# spill hysteresis became the default (`TierConfig::spill_hysteresis`), on the machine
+# memcast_torch library tests, the Python tests, the device replays) at commit 6e1a162,
+# where spill hysteresis (`TierConfig::spill_hysteresis`) was on by default (off again
+# since: docs/tiers.md, "Spill hysteresis"), on the machine
 # run BF had just used. Ran on an H100 80GB HBM3 at commit 6e1a162 in 350 s: every part
 # passed (18 CUDA backend tests, 3 measurements, 8 memcast_torch library tests, 52
 # Python tests, the device replays); runBG-gpu-tests.log, runBG-cuda-figures.jsonl.

@@ -1,8 +1,8 @@
 //! Device memory pressure: watermark spills, the out-of-memory path, invariants.
 //!
 //! - Before each device allocation, if allocated device bytes plus the request would
-//!   pass `high_watermark x budget` (spills in flight counted as gone, with
-//!   `TierConfig::spill_hysteresis`, the default; as still allocated without it), victims are spilled asynchronously
+//!   pass `high_watermark x budget` (spills in flight counted as still allocated, or
+//!   with `TierConfig::spill_hysteresis` as gone), victims are spilled asynchronously
 //!   until the bytes that will remain (spills in flight counted as gone) are at
 //!   `low_watermark x budget`,
 //!   or, with `TierConfig::early_spills_pinned` (the default), until the pinned pool
@@ -20,10 +20,9 @@
 //!   [`TierError::OutOfMemory`] with the bytes short.
 //!
 //! Cost: building the candidate list is O(tensors) and ordering it O(n log n); it runs
-//! once per watermark crossing (a batch of spills; with `spill_hysteresis`, the default,
-//! none until the mark is crossed again; without it, at each allocation that still
-//! passes the mark while that batch's copies are in flight), and per out-of-memory
-//! retry. While
+//! once per watermark crossing (a batch of spills), then, while that batch's copies are
+//! in flight, at each allocation that still passes the mark (one with
+//! `spill_hysteresis`, until the mark is crossed again), and per out-of-memory retry. While
 //! the pinned pool is full (`early_spills_pinned`), allocations above the watermark pay
 //! a compare; while it holds only small ranges, the candidate list (no sort once no
 //! candidate fits).
@@ -56,10 +55,10 @@ impl<B: DeviceBackend> TierManager<B> {
         // the corpus's validation split (0.591), GPT-2 5.56 -> 5.97, ResNet-50
         // 3.07 -> 3.42, `gpt2_dynbatch` 1.29 -> 1.19 (docs/predictive.md).
         let planned = self.planner.as_deref().is_some_and(|p| p.has_moves());
-        // `spill_hysteresis` (the default): spills in flight count as gone here too (a
-        // batch, then none until the mark is crossed again, if the batch reached the low
-        // watermark); off, each allocation above the mark while copies are in flight
-        // spills up to its own size.
+        // `spill_hysteresis`: spills in flight count as gone here too (a batch, then none
+        // until the mark is crossed again, if the batch reached the low watermark); off,
+        // each allocation above the mark while copies are in flight spills up to its own
+        // size.
         debug_assert!(
             self.releasing <= allocated,
             "spills in flight above allocated"
