@@ -170,10 +170,11 @@ pub struct TierConfig {
     /// pool or the candidates leaves the next allocation above the mark).
     /// Measured (docs/tiers.md, "Spill hysteresis"): on the corpus at 60% it lowers
     /// reactive tiers' stall on every split and timeline and leaves predictive's level
-    /// held out (test 1.4704 -> 1.4684), but on the bundled GPT-2 generation trace the
-    /// spill ahead of forecast peaks fires 52 batches instead of 4 and predictive's stall
-    /// rises 0.02 -> 0.08 (the oracle's forecast stays at 0.02), and on an H100 12 test
-    /// traces read level within one run's noise. Off by default.
+    /// held out (test 1.4704 -> 1.4684), but on the bundled GPT-2 generation trace
+    /// predictive's stall rises 0.02 -> 0.08 (the oracle's forecast stays at 0.02: one
+    /// batch per crossing falls behind bursts of allocations, which then wait at the
+    /// out-of-memory path), and on an H100 12 test traces read level within one run's
+    /// noise. Off by default.
     pub spill_hysteresis: bool,
 }
 
