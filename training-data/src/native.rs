@@ -248,8 +248,27 @@ pub fn decode(data: &[u8]) -> Result<Trace, TraceError> {
             "checksum mismatch (stored {crc:08x}, computed {actual:08x}): the file is damaged"
         )));
     }
-    let wire: Wire =
-        postcard::from_bytes(payload).map_err(|e| bad(format!("payload does not decode: {e}")))?;
+    // Decoded through a deserializer kept in hand, so that an error can say how far it
+    // read (the slice flavor's remainder).
+    let mut de = postcard::Deserializer::from_bytes(payload);
+    let wire = match <Wire as serde::Deserialize>::deserialize(&mut de) {
+        Ok(w) => w,
+        Err(e) => {
+            let at = payload.len() - de.finalize().map_or(0, |rest| rest.len());
+            let place = if flags & FLAG_ZSTD != 0 {
+                format!(
+                    "byte {at} of the {} decompressed payload bytes",
+                    payload.len()
+                )
+            } else {
+                format!("payload byte {at} (file offset {})", HEADER + at)
+            };
+            return Err(bad(format!(
+                "payload does not decode, stopped at {place}: {e} (the checksum matches: \
+                 written by another program or version)"
+            )));
+        }
+    };
     from_wire(wire)
 }
 
@@ -381,6 +400,29 @@ mod tests {
         let last = d.len() - 1;
         d[last] ^= 0x40;
         assert!(msg(&d).contains("checksum mismatch"));
+        // A payload whose checksum matches but which does not decode: the error says
+        // where decoding stopped: the start of the item it could not read (cut short
+        // after 5 bytes, header fixed up to match; the item at byte 3 needs more).
+        for level in [None, Some(3)] {
+            let payload = postcard::to_allocvec(&to_wire(&sample())).unwrap();
+            let cut = &payload[..5];
+            let stored = match level {
+                Some(l) => zstd::bulk::compress(cut, l).unwrap(),
+                None => cut.to_vec(),
+            };
+            let mut d = data[..HEADER].to_vec();
+            d[10..12].copy_from_slice(&(if level.is_some() { FLAG_ZSTD } else { 0 }).to_le_bytes());
+            d[12..16].copy_from_slice(&crc32fast::hash(cut).to_le_bytes());
+            d[16..24].copy_from_slice(&(stored.len() as u64).to_le_bytes());
+            d.extend_from_slice(&stored);
+            let m = msg(&d);
+            let want = if level.is_some() {
+                "stopped at byte 3 of the 5 decompressed payload bytes"
+            } else {
+                "stopped at payload byte 3 (file offset 27)"
+            };
+            assert!(m.contains(want), "{m}");
+        }
         // Every single-byte corruption is an error or a faithful decode, never a panic.
         for i in 0..data.len() {
             let mut d = data.clone();
