@@ -378,6 +378,14 @@ def corpus_peak_rows(argv):
     return rows
 
 
+def dump(rows):
+    """With `--dump DIR`, writes `rows` to DIR/NAME.rows (NAME: the check being run)."""
+    if DUMP:
+        with open(os.path.join(DUMP, NAME + ".rows"), "w") as f:
+            f.write("".join(r + "\n" for r in rows))
+    return rows
+
+
 def check(argv, cmd, text, how):
     """Runs one check: (rows or cells checked, those the document does not hold, unit)."""
     if how == "variants":
@@ -385,12 +393,12 @@ def check(argv, cmd, text, how):
     if how == "corpus-counts":
         return (*corpus_count_cells(argv, text), "cells")
     if how == "corpus-peak":
-        rows = corpus_peak_rows(argv)
+        rows = dump(corpus_peak_rows(argv))
         return len(rows), [r for r in rows if r not in text], "rows"
     if how == "loo":
         return (*loo_rows(argv[0], text), "rows")
     if how == "synthetic-eval":
-        rows = synthetic_eval_rows(argv[0])
+        rows = dump(synthetic_eval_rows(argv[0]))
         return len(rows), [r for r in rows if r not in text], "rows"
     run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     if run.returncode != 0:
@@ -402,9 +410,7 @@ def check(argv, cmd, text, how):
         rows = corpus_rows(run.stdout)
     elif how == "lstm/oracle":
         rows = merged_lstm_oracle(rows)
-    if DUMP:
-        with open(os.path.join(DUMP, NAME + ".rows"), "w") as f:
-            f.write("".join(r + "\n" for r in rows))
+    rows = dump(rows)
     return len(rows), [r for r in rows if r not in text], "rows"
 
 
@@ -412,14 +418,20 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", help="names of the checks to run")
     ap.add_argument("--dump", metavar="DIR",
-                    help="also write the rows each table check prints, as the document "
-                    "holds them, to DIR/NAME.rows (one per line; to regenerate a table)")
+                    help="also write the rows each whole-row check prints, as the "
+                    "document holds them, to DIR/NAME.rows (one per line; to regenerate a "
+                    "table); the checks of cells and of columns write nothing")
     args = ap.parse_args()
     global DUMP, NAME
     DUMP = args.dump
     if DUMP:
         os.makedirs(DUMP, exist_ok=True)
     checks = [c for c in CHECKS if not args.only or c[0] in args.only]
+    for c in checks if DUMP else []:
+        # A check that fails writes nothing: no file of an earlier dump stays behind.
+        stale = os.path.join(DUMP, c[0] + ".rows")
+        if os.path.exists(stale):
+            os.remove(stale)
     unknown = set(args.only or []) - {c[0] for c in CHECKS}
     if unknown:
         sys.exit(f"unknown check(s): {', '.join(sorted(unknown))}; known: "

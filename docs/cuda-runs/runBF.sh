@@ -2,11 +2,10 @@
 # Run BF: the CUDA backend tests at commit 6e1a162, where spill hysteresis
 # (`TierConfig::spill_hysteresis`) was on by default (off again since: docs/tiers.md,
 # "Spill hysteresis"), then the whole held-out split tiered at 60%, reactive
-# against predictive, with scripts/tier_replays_gpu.sh (asked for an H200, where the
-# split had not run; given an H100), every replay's JSON in one file.
+# against predictive, with scripts/tier_replays_gpu.sh, every replay's JSON in one file.
 # Ran on an H100 80GB HBM3 (the device given) at commit 6e1a162 in 489 s:
 # runBF-cuda-tests.log (18 of 18), runBF-cuda-report.jsonl, runBF-split.jsonl (every
-# test trace once, five a second time, 383 s).
+# test trace once, seven a second time, 383 s).
 # Staged with scripts/stage-gpu.sh .gpu; this script copied into .gpu; run from the
 # repository root; figures in $OUT.
 set -u

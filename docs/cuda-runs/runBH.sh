@@ -1,5 +1,8 @@
 #!/bin/bash
-# Run BH: spill hysteresis on the device, A/B in one run: test traces of the held-out
+# Run BH: spill hysteresis on the device, A/B in one run, at commit 6e1a162, where it
+# was on by default and `--no-spill-hysteresis` turned it off (off by default again
+# since, and the switch is `--spill-hysteresis`: docs/tiers.md, "Spill hysteresis"; in
+# runBH-ab.jsonl `args: ""` is with it): test traces of the held-out
 # split replayed through the CUDA backend at 60%, reactive against predictive, each
 # with the default (spill hysteresis on) and with --no-spill-hysteresis, one after the
 # other, until LIMIT seconds have passed (the traces where runs BC and BF differed most

@@ -401,8 +401,8 @@ mod tests {
         d[last] ^= 0x40;
         assert!(msg(&d).contains("checksum mismatch"));
         // A payload whose checksum matches but which does not decode: the error says
-        // where decoding stopped: the start of the item it could not read (cut short
-        // after 5 bytes, header fixed up to match; the item at byte 3 needs more).
+        // how far decoding read (cut short after 5 bytes, header fixed up to match: here
+        // the start of a string at byte 3 that it could not take).
         for level in [None, Some(3)] {
             let payload = postcard::to_allocvec(&to_wire(&sample())).unwrap();
             let cut = &payload[..5];
