@@ -424,14 +424,14 @@ def main():
     args = ap.parse_args()
     global DUMP, NAME
     DUMP = args.dump
+    checks = [c for c in CHECKS if not args.only or c[0] in args.only]
     if DUMP:
         os.makedirs(DUMP, exist_ok=True)
-    checks = [c for c in CHECKS if not args.only or c[0] in args.only]
-    for c in checks if DUMP else []:
         # A check that fails writes nothing: no file of an earlier dump stays behind.
-        stale = os.path.join(DUMP, c[0] + ".rows")
-        if os.path.exists(stale):
-            os.remove(stale)
+        for c in checks:
+            stale = os.path.join(DUMP, c[0] + ".rows")
+            if os.path.exists(stale):
+                os.remove(stale)
     unknown = set(args.only or []) - {c[0] for c in CHECKS}
     if unknown:
         sys.exit(f"unknown check(s): {', '.join(sorted(unknown))}; known: "
