@@ -169,8 +169,8 @@ fn options_that_cannot_apply_are_errors() {
         (vec!["replay", &t, "--no-relocate"], "--no-relocate"),
         (vec!["replay", &t, "--early-pageable"], "--early-pageable"),
         (
-            vec!["replay", &t, "--no-spill-hysteresis"],
-            "--no-spill-hysteresis",
+            vec!["replay", &t, "--spill-hysteresis"],
+            "--spill-hysteresis",
         ),
         (vec!["replay", &t, "--pinned", "25%"], "--pinned"),
         (

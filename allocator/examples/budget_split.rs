@@ -3,12 +3,12 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [norelocate] [earlypageable] [nohysteresis] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits] [oracle] [low=X] [high=X] [pinned=X] [costs=NAME] [save=PATH] [base=PATH]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [byaddr|noaddr] [noguard] [norelocate] [earlypageable] [hysteresis] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits] [oracle] [low=X] [high=X] [pinned=X] [costs=NAME] [save=PATH] [base=PATH]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
 //! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
 //! `TierConfig::plan_defer_wraps` off; `byaddr` / `noaddr`: `TierConfig::oom_by_address`
-//! on / off; `noguard`: `TierConfig::plan_guard` off; `norelocate`: `TierConfig::relocate` off; `earlypageable`: `TierConfig::early_spills_pinned` off (spills nothing waits for may go to pageable memory); `nohysteresis`: `TierConfig::spill_hysteresis` off; `growable`: the allocator on growable segments, with its default page
+//! on / off; `noguard`: `TierConfig::plan_guard` off; `norelocate`: `TierConfig::relocate` off; `earlypageable`: `TierConfig::early_spills_pinned` off (spills nothing waits for may go to pageable memory); `hysteresis`: `TierConfig::spill_hysteresis` on; `growable`: the allocator on growable segments, with its default page
 //! release, instead of fixed ones; `peak`: with `growable`, page release at the peak;
 //! `planned`: planned placement; `steady`: the stall over the compute of the iterations
 //! after the first, which no history describes and the oracle knows: the cells read
@@ -169,8 +169,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if flag("earlypageable") {
                 opts.tier.early_spills_pinned = false;
             }
-            if flag("nohysteresis") {
-                opts.tier.spill_hysteresis = false;
+            if flag("hysteresis") {
+                opts.tier.spill_hysteresis = true;
             }
             if flag("growable") {
                 opts.alloc.growable_segments = true;

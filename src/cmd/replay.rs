@@ -179,13 +179,13 @@ pub struct ReplayArgs {
     /// memory holds the host until it is done).
     #[arg(long)]
     pub early_pageable: bool,
-    /// With --budget: spills in flight count as still allocated at the high watermark,
-    /// so that each allocation above the mark while a batch is in flight spills up to
-    /// its own size (by default they count as gone unless the allocation would pass the
-    /// budget: a batch is spilled once the mark is crossed and none until it is crossed
-    /// again; docs/tiers.md, "Spill hysteresis").
+    /// With --budget: spills in flight count as gone at the high watermark, so that a
+    /// batch is spilled once the mark is crossed and none until it is crossed again (by
+    /// default each allocation above the mark while a batch is in flight spills up to
+    /// its own size; much faster to replay with many live tensors: docs/tiers.md,
+    /// "Spill hysteresis").
     #[arg(long)]
-    pub no_spill_hysteresis: bool,
+    pub spill_hysteresis: bool,
     /// With --budget: the pinned host pool that spills go to, written as --budget is
     /// (a share of the trace's peak requested bytes, or bytes); default: the peak
     /// (what is off the device can exceed `peak - budget` while copies are in flight).
@@ -340,8 +340,8 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
     if args.early_pageable && args.budget.is_none() {
         bail!("--early-pageable applies to a replay under --budget only");
     }
-    if args.no_spill_hysteresis && args.budget.is_none() {
-        bail!("--no-spill-hysteresis applies to a replay under --budget only");
+    if args.spill_hysteresis && args.budget.is_none() {
+        bail!("--spill-hysteresis applies to a replay under --budget only");
     }
     if args.pinned.is_some() && args.budget.is_none() {
         bail!("--pinned applies to a replay under --budget only");

@@ -70,7 +70,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     }
     tier.relocate = !args.no_relocate;
     tier.early_spills_pinned = !args.early_pageable;
-    tier.spill_hysteresis = !args.no_spill_hysteresis;
+    tier.spill_hysteresis = args.spill_hysteresis;
     if let Some(p) = &args.pinned {
         let pool = Budget::parse_as(p, "pinned pool")
             .map_err(|e: String| anyhow::anyhow!(e))

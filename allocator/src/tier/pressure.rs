@@ -1,15 +1,14 @@
 //! Device memory pressure: watermark spills, the out-of-memory path, invariants.
 //!
 //! - Before each device allocation, if allocated device bytes plus the request would
-//!   pass `high_watermark x budget`, victims are spilled asynchronously until the bytes
-//!   that will remain (spills in flight counted as gone) are at `low_watermark x
-//!   budget`, or, with `TierConfig::early_spills_pinned` (the default), until the
-//!   pinned pool has no room for another victim: nothing waits for these spills, and a
-//!   copy to pageable memory would hold the host until done. Their device memory is
-//!   released when their copies complete. At the check, spills in flight count as gone
-//!   with `TierConfig::spill_hysteresis` (the default), except for a request that would
-//!   pass the budget with them counted as still allocated; without it they always
-//!   count as still allocated.
+//!   pass `high_watermark x budget` (spills in flight counted as still allocated, or
+//!   with `TierConfig::spill_hysteresis` as gone), victims are spilled asynchronously
+//!   until the bytes that will remain (spills in flight counted as gone) are at
+//!   `low_watermark x budget`,
+//!   or, with `TierConfig::early_spills_pinned` (the default), until the pinned pool
+//!   has no room for another victim: nothing waits for these spills, and a copy to
+//!   pageable memory would hold the host until done. Their device memory is released
+//!   when their copies complete.
 //! - If the allocation still fails (out of memory), the caller waits: first for spills
 //!   already in flight (oldest first), then for new spills it issues and waits for at
 //!   once, then for prefetches in flight (which make their tensors spillable) and for
@@ -21,12 +20,12 @@
 //!   [`TierError::OutOfMemory`] with the bytes short.
 //!
 //! Cost: building the candidate list is O(tensors) and ordering it O(n log n); it runs
-//! once per watermark crossing (a batch of spills; with `spill_hysteresis`, the default,
-//! none until the mark is crossed again or a request would pass the budget; without it,
-//! at each allocation that still passes the mark while that batch's copies are in
-//! flight), and per out-of-memory retry. While the pinned pool is full
-//! (`early_spills_pinned`), allocations above the watermark pay a compare; while it
-//! holds only small ranges, the candidate list (no sort once no candidate fits).
+//! once per watermark crossing (a batch of spills), then, while that batch's copies are
+//! in flight, at each allocation that still passes the mark (one with
+//! `spill_hysteresis`, until the mark is crossed again), and per out-of-memory retry. While
+//! the pinned pool is full (`early_spills_pinned`), allocations above the watermark pay
+//! a compare; while it holds only small ranges, the candidate list (no sort once no
+//! candidate fits).
 
 use crate::backend::DeviceBackend;
 use crate::error::AllocError;
@@ -56,23 +55,19 @@ impl<B: DeviceBackend> TierManager<B> {
         // the corpus's validation split (0.591), GPT-2 5.56 -> 5.97, ResNet-50
         // 3.07 -> 3.42, `gpt2_dynbatch` 1.29 -> 1.19 (docs/predictive.md).
         let planned = self.planner.as_deref().is_some_and(|p| p.has_moves());
-        // `spill_hysteresis` (the default): spills in flight count as gone here too (a
-        // batch, then none until the mark is crossed again, if the batch reached the low
-        // watermark), except for a request that would pass the budget with them counted
-        // as allocated: that one spills up to its own size now, as without hysteresis,
-        // rather than meet the out-of-memory path while the batch is still on its way
-        // out. Off, each allocation above the mark while copies are in flight spills up
-        // to its own size. Cost: one compare more.
+        // `spill_hysteresis`: spills in flight count as gone here too (a batch, then none
+        // until the mark is crossed again, if the batch reached the low watermark); off,
+        // each allocation above the mark while copies are in flight spills up to its own
+        // size.
         debug_assert!(
             self.releasing <= allocated,
             "spills in flight above allocated"
         );
-        let counted =
-            if self.cfg.spill_hysteresis && allocated.saturating_add(bytes) <= self.cfg.budget {
-                allocated.saturating_sub(self.releasing)
-            } else {
-                allocated
-            };
+        let counted = if self.cfg.spill_hysteresis {
+            allocated.saturating_sub(self.releasing)
+        } else {
+            allocated
+        };
         if !planned && (counted + bytes) as f64 > self.cfg.high_watermark * budget {
             let keep = (self.cfg.low_watermark * budget) as u64;
             let target = (allocated + bytes)

@@ -716,22 +716,17 @@ fn a_prefetch_from_pageable_memory_is_a_miss_not_a_hit() {
 
 /// `spill_hysteresis`: once a batch is on its way out, allocations above the high
 /// watermark spill nothing more until the mark is crossed again, counting the batch as
-/// gone, except one that would pass the budget with the batch counted as still
-/// allocated, which spills at once; without it each allocation above the mark spills
-/// its own size while the batch's copies are in flight (the copies out are held: a
-/// query never runs them).
+/// gone; without it each such allocation spills its own size while the batch's copies
+/// are in flight (the copies out are held: a query never runs them).
 #[test]
 fn with_hysteresis_spills_in_flight_count_as_gone_at_the_high_watermark() {
     let run = |hysteresis: bool| {
         let (mut m, _switch) = manager_with_pool(0, 4 << 20);
         m.cfg.spill_hysteresis = hysteresis;
         m.cfg.early_spills_pinned = true;
-        // The batch goes down to half the budget, so that the bytes left after it stay
-        // below the high watermark up to the budget.
-        m.cfg.low_watermark = 0.5;
         let out_stream = m.pipe.streams().0;
         m.alloc.backend_mut().inner.hold_on_query = Some(out_stream);
-        // 64 KiB tensors: the 29th passes 90% of 2 MiB and spills down to 50%.
+        // 64 KiB tensors: the 29th passes 90% of 2 MiB and spills down to 80%.
         let mut live = Vec::new();
         for i in 0..29 {
             live.push(put(&mut m, i, 64 << 10));
@@ -739,7 +734,6 @@ fn with_hysteresis_spills_in_flight_count_as_gone_at_the_high_watermark() {
         }
         let after_batch = m.stats.spills;
         assert!(after_batch > 0, "the crossing spilled a batch");
-        // Up to the budget: 32 tensors of 64 KiB.
         for i in 29..32 {
             live.push(put(&mut m, i, 64 << 10));
             m.end_step();
@@ -747,11 +741,10 @@ fn with_hysteresis_spills_in_flight_count_as_gone_at_the_high_watermark() {
         m.check_invariants().unwrap();
         let spills = (after_batch, m.stats.spills);
         if hysteresis {
-            // The 33rd would pass the budget with the batch still counted: it spills
-            // before it allocates, rather than only wait for the batch.
+            // The 33rd tensor crosses the mark again, counting the batch as gone.
             live.push(put(&mut m, 32, 64 << 10));
             m.end_step();
-            assert!(m.stats.spills > spills.1, "past the budget: spilled");
+            assert!(m.stats.spills > spills.1, "crossed again: spilled");
         }
         m.synchronize().unwrap();
         for (i, &h) in live.iter().enumerate() {
