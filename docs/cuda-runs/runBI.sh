@@ -14,10 +14,10 @@
 # repository root. Ran on an H100 80GB HBM3 in two calls (492 s and 437 s; the first
 # ran llama_generate_dynamic with the default only before its limit, the second ran it
 # both ways: runBI-ab.jsonl holds all three, the means take the second's). The tests'
-# 100 s timeout cut them short: 13 of 18 passed before it, the rest did not run
-# (runBI-cuda-tests.log). Every replay completed with no out-of-memory error. Means of
-# the 26, without -> with: reactive 1.9036 -> 1.9069 (13 lower, 13 higher), predictive
-# 1.5215 -> 1.5205 (12 lower, 14 higher).
+# 100 s timeout cut them short: 13 of 18 passed before it, a 14th was stopped while it
+# ran and 4 did not start (runBI-cuda-tests.log). Every replay completed with no out-of-memory error. Means of
+# the 26, without -> with: reactive 1.9036 -> 1.9069 (13 lower, 13 higher, at full
+# precision), predictive 1.5215 -> 1.5205 (12 lower, 14 higher).
 set -u
 root=$PWD
 here="$(cd "$(dirname "$0")" && pwd)"

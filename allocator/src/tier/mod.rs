@@ -175,8 +175,8 @@ pub struct TierConfig {
     /// batch per crossing falls behind bursts of allocations, which then wait at the
     /// out-of-memory path), and on an H100 12 test traces read level within one run's
     /// noise. An exception for allocations that would pass the budget (they spill at
-    /// once, as without hysteresis) brought generation back to 0.02 but left reactive
-    /// tiers up to a third slower on the bursty bundled traces (the same section). Off
+    /// once, as without hysteresis) brought generation back to 0.02 but raised reactive
+    /// tiers' stall by more than a third on two bundled traces (the same section). Off
     /// by default.
     pub spill_hysteresis: bool,
 }
