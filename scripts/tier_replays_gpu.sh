@@ -50,10 +50,12 @@ for round in $rounds; do
       if [ $((i % 2)) = 0 ]; then sides=("" "$ab"); else sides=("$ab" ""); fi
     fi
     i=$((i + 1))
+    name=$(basename "$f" .mctrace)
     for side in "${sides[@]}"; do
       if [ $(( $(date +%s) - start )) -gt "$limit" ]; then echo "out of time before $f (round $round)${side:+ with $side}"; break 3; fi
-      name=$(basename "$f" .mctrace)
-      args="${MEMCAST_REPLAY_ARGS:-}${side:+ $side}"
+      # As the summary below spells them: a space between the two only when both are set.
+      args="${MEMCAST_REPLAY_ARGS:-}"
+      [ -n "$side" ] && args="${args:+$args }$side"
       # shellcheck disable=SC2086 # the arguments are words
       json=$(timeout 120 "$memcast" replay "$base/$f" --device cuda --compare reactive,predictive \
         --budget "$budget" $args --json 2>>"$out/tier-replays.err")
