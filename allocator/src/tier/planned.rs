@@ -26,7 +26,9 @@
 //!   due at its planned point but once the link in is idle after it: every other
 //!   move's prefetch point reached, nothing due, no copy in flight towards the device
 //!   (in the optimizer's step, where the backward's copies end before it), and at the
-//!   latest from the next iteration's start. The plan covers one iteration, and at its
+//!   latest from the next iteration's start (only from there once the iteration has
+//!   run past the end of the trajectory the plan came from: the link is then idle
+//!   because the plan has nothing more to say). The plan covers one iteration, and at its
 //!   end the link in carries the backward's tensors (under a budget it is the
 //!   bottleneck there); brought back at their planned points the wrapped tensors
 //!   queued in front of them. The tensor is off the device at least as long as
@@ -292,6 +294,13 @@ impl Planner {
         !self.plan.moves.is_empty()
     }
 
+    /// Whether this iteration has run past the end of the trajectory the plan was made
+    /// from (a dynamic iteration longer than the one it was planned from: a generation
+    /// request with more tokens than the last of its shape). O(1).
+    pub fn past_end(&self) -> bool {
+        self.cur.ops.len() > self.plan.ops
+    }
+
     /// Once this iteration's signature is known: if an earlier iteration of the same
     /// signature is known and the plan came from another, plan from it instead. The
     /// moves the new plan puts before the current position are carried out now (the
@@ -534,10 +543,15 @@ impl<B: DeviceBackend> TierManager<B> {
         // copies are done by then), else from the next iteration's start. Cost: O(1)
         // while a condition fails; at each operation at which all hold, a scan of the
         // wrapped moves not due yet.
+        //
+        // Past the end of the trajectory the plan came from, the link in is idle
+        // because the plan has nothing more to say, not because this iteration is
+        // ending: the wrapped moves wait for the next iteration's start.
         if !p.wrapped.is_empty()
             && p.due.is_empty()
             && p.next_prefetch == p.by_prefetch.len()
             && self.pipe.in_bytes == 0
+            && !p.past_end()
         {
             let plan = &p.plan;
             // The operation just logged (`record`'s position).

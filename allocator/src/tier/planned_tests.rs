@@ -458,3 +458,37 @@ fn a_wrapped_move_waits_for_the_copies_in_ahead_of_it() {
     assert_eq!(overlaps, 0, "issued beside an activation's copy in");
     assert_eq!(early, 6, "back before the boundary");
 }
+
+/// Past the end of the trajectory its plan was made from (a second pass where the
+/// plan's trajectory had one), an iteration is `past_end`, where the plan's wrapped
+/// moves wait for the next iteration's start; the next iteration's plan starts afresh.
+#[test]
+fn an_iteration_longer_than_its_plan_is_past_its_end() {
+    let w_bytes = 512 * KIB;
+    let (mut m, _) = manager(5);
+    m.set_planner(Planner::new(0.8, None));
+    let (w, w_data) = weight(&mut m, w_bytes);
+    let one = logged(&ops_of(w, w_bytes, 1), w_bytes);
+    for it in 0..3u64 {
+        m.set_next_trajectory(one.clone());
+        m.iteration_boundary().unwrap();
+        let p = m.planner().unwrap();
+        assert!(
+            p.has_moves() && !p.past_end(),
+            "iteration {it}: at the start"
+        );
+        pass(&mut m, (w, &w_data), it, 0);
+        assert!(
+            !m.planner().unwrap().past_end(),
+            "iteration {it}: the planned pass"
+        );
+        // One operation more than the plan's trajectory.
+        assert_eq!(read(&mut m, w).unwrap(), w_data);
+        m.end_step();
+        assert!(
+            m.planner().unwrap().past_end(),
+            "iteration {it}: past the end"
+        );
+        m.check_invariants().unwrap();
+    }
+}

@@ -14,7 +14,10 @@
 //!
 //! With [`PreviousIterationOrder::new_shapes`] (predictive mode) it also prefetches the
 //! tensors of an iteration longer than the previous one, which that order does not
-//! name, for their reads predicted from their size class's lifetime; with
+//! name, for their reads predicted from their size class's lifetime, and once such an
+//! iteration has run past the previous one's end it no longer wraps there (where this
+//! one ends is unknown: the wrap would bring the weights back amid a long generation
+//! request); with
 //! [`PreviousIterationOrder::stream`], in the first iteration (no previous iteration
 //! registered a tensor), it follows the reads that bring tensors back instead
 //! ([`ReturnStream`]).
@@ -134,7 +137,8 @@ pub struct PreviousIterationOrder {
     /// key/value tensors that are read at the next step and that no position of the
     /// previous iteration names. Not when the previous iteration registered no tensor
     /// (the first iteration): there a class's last lifetime predicted reads badly
-    /// (measured, docs/predictive.md).
+    /// (measured, docs/predictive.md). Past the previous iteration's end, the scan no
+    /// longer wraps to its start: only these predicted reads are prefetched there.
     pub new_shapes: bool,
     /// With `new_shapes`: (predicted position in `cur` of the read, ordinal) of this
     /// iteration's tensors past the previous iteration's ordinals, not read yet, so
@@ -275,7 +279,10 @@ impl PrefetchPolicy for PreviousIterationOrder {
 
     /// The previous iteration's next access of `key` after this iteration's position
     /// (a binary search); for a persistent tensor with none left, its first access of
-    /// the next iteration.
+    /// the next iteration, or `INFINITY` once this iteration has run longer than the
+    /// previous one (where it ends is then unknown: in a generation request longer than
+    /// the last, the weights would otherwise rank as needed at once, and the caches the
+    /// next token step reads were spilled in their place).
     ///
     /// A tensor whose ordinal had other bytes in the previous iteration (or had none:
     /// the first iteration, or a longer one) is not the tensor those positions describe:
@@ -307,6 +314,9 @@ impl PrefetchPolicy for PreviousIterationOrder {
         let i = pos.partition_point(|&x| x < p);
         match (pos.get(i), key) {
             (Some(&x), _) => f64::from(x - p),
+            // Past the previous iteration's end, when this one ends is unknown, and so
+            // is the next read of a block read at the boundary.
+            (None, TensorKey::Persistent(_)) if p as usize >= self.prev.len() => f64::INFINITY,
             (None, TensorKey::Persistent(_)) => {
                 (self.prev.len() as f64 - f64::from(p)).max(0.0) + f64::from(pos[0])
             }
@@ -347,7 +357,14 @@ impl PrefetchPolicy for PreviousIterationOrder {
             .take_while(|&&(at, _)| (at as usize) < pos + self.window)
             .map(|&(at, k)| (at as usize, TensorKey::Ordinal(k)))
             .peekable();
-        let end = (pos + self.window).min(2 * n);
+        // Past the previous iteration's end the scan would take its positions for the
+        // next iteration's, but this one has not ended: with `new_shapes` only the
+        // predicted reads are prefetched there.
+        let end = if self.new_shapes && pos >= n {
+            pos
+        } else {
+            (pos + self.window).min(2 * n)
+        };
         // Scan the whole window every time: an entry that is resident now may be
         // spilled before its access, so no position is ever settled for good.
         // `delta` is the device use the previous iteration's allocations and frees
@@ -440,19 +457,25 @@ impl PrefetchPolicy for PreviousIterationOrder {
 }
 
 /// The tests' registry: ordinal `n` is handle `n`, where the map says and of its bytes;
-/// persistent keys are unknown.
+/// a persistent key of handle index `i` is the map's entry [`TestView::PERSISTENT`]` | i`.
 #[cfg(test)]
 pub(crate) struct TestView(pub std::collections::HashMap<u32, (Residency, u64)>);
 
 #[cfg(test)]
+impl TestView {
+    pub const PERSISTENT: u32 = 1 << 31;
+}
+
+#[cfg(test)]
 impl PrefetchView for TestView {
     fn lookup(&self, key: TensorKey) -> Option<(TensorHandle, Residency, u64)> {
-        let TensorKey::Ordinal(n) = key else {
-            return None;
+        let (entry, index) = match key {
+            TensorKey::Ordinal(n) => (n, n),
+            TensorKey::Persistent(h) => (Self::PERSISTENT | h.index, h.index),
         };
         self.0
-            .get(&n)
-            .map(|&(r, b)| (TensorHandle { index: n, gen: 0 }, r, b))
+            .get(&entry)
+            .map(|&(r, b)| (TensorHandle { index, gen: 0 }, r, b))
     }
 }
 
@@ -506,6 +529,48 @@ mod tests {
         assert!(out.is_empty());
         p.plan(&view4, 60, &mut out);
         assert_eq!(out.iter().map(|h| h.index).collect::<Vec<_>>(), vec![4]);
+    }
+
+    #[test]
+    fn past_the_previous_iteration_end_the_boundary_is_not_expected() {
+        let k = TensorKey::Ordinal;
+        let w = TensorKey::Persistent(TensorHandle { index: 7, gen: 0 });
+        let run = |new_shapes: bool| {
+            let mut p = PreviousIterationOrder::new(8);
+            p.new_shapes = new_shapes;
+            // An iteration of four operations; the weight is read at its boundary.
+            p.on_alloc(k(0), 100);
+            p.on_alloc(k(1), 100);
+            p.on_free(k(0), 100);
+            p.on_free(k(1), 100);
+            p.on_access(w);
+            p.on_iteration();
+            p.on_access(w);
+            // This one runs longer: at 3 operations the weight is read at the
+            // previous iteration's position 4, one operation on.
+            for n in 0..2 {
+                p.on_alloc(k(n), 100);
+            }
+            assert_eq!(p.next_use(w), 1.0);
+            // Past the previous iteration's 5 operations, where this one ends is
+            // unknown: so is the weight's next read.
+            for n in 2..5 {
+                p.on_alloc(k(n), 100);
+            }
+            assert_eq!(p.next_use(w), f64::INFINITY);
+            // The weight is on the host: the scan would wrap to the previous
+            // iteration's start and take its first access for the next iteration's.
+            let view = View(HashMap::from([(
+                View::PERSISTENT | 7,
+                (Residency::Host, 10),
+            )]));
+            let mut out = Vec::new();
+            p.plan(&view, 1 << 20, &mut out);
+            out.len()
+        };
+        // Predictive mode's prefetcher does not wrap there; the reactive one does.
+        assert_eq!(run(true), 0);
+        assert_eq!(run(false), 1);
     }
 
     #[test]
