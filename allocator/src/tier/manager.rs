@@ -64,6 +64,9 @@ pub struct TierManager<B: DeviceBackend> {
     pub(crate) logical: u64,
     /// Which tensors are recomputable, and what recomputes them.
     pub(crate) recompute: super::recompute::Recompute<B>,
+    /// The predicted read swap ahead last found nothing to spill for (`tier::swap`):
+    /// not tried again until another is wanted.
+    pub(crate) swap_tried: Option<TensorHandle>,
 }
 
 impl<B: DeviceBackend> std::fmt::Debug for TierManager<B> {
@@ -125,6 +128,7 @@ impl<B: DeviceBackend> TierManager<B> {
             planner: None,
             logical: 0,
             recompute,
+            swap_tried: None,
         })
     }
 

@@ -67,6 +67,7 @@ pub mod spill;
 pub mod staging;
 pub mod stats;
 pub mod stream;
+mod swap;
 pub mod transfer;
 
 #[cfg(test)]
@@ -179,6 +180,12 @@ pub struct TierConfig {
     /// tiers' stall by more than a third on two bundled traces (the same section). Off
     /// by default.
     pub spill_hysteresis: bool,
+    /// Swap ahead (`tier::swap`): with the link idle both ways and no plan in charge,
+    /// spill tensors predicted to be read later than a read the prefetch policy
+    /// predicts past the previous iteration's end and has no room for, so that it comes
+    /// back before that read. Replay turns it on with predictive mode's `prefetch`
+    /// action; off by default (the reactive baseline).
+    pub swap_ahead: bool,
 }
 
 impl Default for TierConfig {
@@ -200,6 +207,7 @@ impl Default for TierConfig {
             relocate: true,
             early_spills_pinned: true,
             spill_hysteresis: false,
+            swap_ahead: false,
         }
     }
 }

@@ -23,7 +23,9 @@
 //! ([`ReturnStream`]).
 //!
 //! Cost per call: O(window) registry lookups (a vector index each), plus O(log n) per
-//! predicted read due or passed; the manager only calls it when there is headroom.
+//! predicted read due or passed; the manager calls it when there is headroom, and
+//! without for swap ahead (`tier::swap`), which reads [`PrefetchPolicy::wanted`]: the
+//! first predicted read it found no room for.
 //!
 //! The same log answers `next_use` (read only by predictive mode's victims by next use,
 //! [`FarthestNextUse`](super::spill::FarthestNextUse)): the previous iteration's next
@@ -46,6 +48,18 @@ pub enum Residency {
     Outgoing,
     /// Dropped: its next access recomputes it (nothing to prefetch).
     Dropped,
+}
+
+/// A host-resident tensor whose read a prefetch policy predicts, and for which it found
+/// no room (swap ahead makes it: `tier::swap`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Wanted {
+    pub handle: TensorHandle,
+    /// The device bytes it lacked: its bytes plus what the policy took before it
+    /// (earlier prefetches, allocations predicted before its read), less the headroom.
+    pub short: u64,
+    /// Operations until its predicted read.
+    pub ahead: f64,
 }
 
 /// The manager's state as a policy may read it.
@@ -75,6 +89,11 @@ pub trait PrefetchPolicy: Send {
     /// Device-resident tensors this policy expects to be accessed soon; the manager
     /// spills them last. Default: none.
     fn upcoming(&self, _view: &dyn PrefetchView, _out: &mut Vec<TensorHandle>) {}
+    /// The first read the last [`plan`](Self::plan) predicted past the previous
+    /// iteration's end and found no room for (see [`Wanted`]). Default: none.
+    fn wanted(&self) -> Option<Wanted> {
+        None
+    }
     /// Operations (registrations, accesses, frees) until `key`'s next access, as far
     /// as this policy can tell; `f64::INFINITY` when it cannot. Default: never.
     fn next_use(&self, _key: TensorKey) -> f64 {
@@ -154,6 +173,8 @@ pub struct PreviousIterationOrder {
     /// `prefetch` action turns it on; the reactive baseline has it off.
     pub stream: bool,
     returns: ReturnStream,
+    /// What the last `plan` predicted and had no room for (`wanted`).
+    want: Option<Wanted>,
 }
 
 /// No predicted read.
@@ -182,6 +203,7 @@ impl PreviousIterationOrder {
             expect_at: Vec::new(),
             stream: false,
             returns: ReturnStream::default(),
+            want: None,
         }
     }
 
@@ -325,6 +347,7 @@ impl PrefetchPolicy for PreviousIterationOrder {
     }
 
     fn plan(&mut self, view: &dyn PrefetchView, headroom: u64, out: &mut Vec<TensorHandle>) {
+        self.want = None;
         if self.stream && self.prev_bytes.is_empty() {
             // No previous iteration registered a tensor: its log (the setup's, if
             // any) names none of this one's.
@@ -350,6 +373,11 @@ impl PrefetchPolicy for PreviousIterationOrder {
                 self.expect_at[k as usize] = NONE;
             }
         }
+        // Asked without headroom (for swap ahead): with no read predicted, nothing to
+        // want. O(1).
+        if headroom == 0 && self.expected.is_empty() {
+            return;
+        }
         // Those due within the window, in order of their predicted reads.
         let mut due = self
             .expected
@@ -372,21 +400,31 @@ impl PrefetchPolicy for PreviousIterationOrder {
         // fit beside the allocations that come before its access.
         let (mut delta, mut peak, mut planned) = (0i128, 0i128, 0i128);
         let room = headroom as i128;
-        // A host-resident tensor to prefetch, in order; false: no room, stop.
+        // A host-resident tensor to prefetch, in order; `Err` (it, the bytes it
+        // lacks): no room, stop.
         let mut take = |key: TensorKey, peak: i128, out: &mut Vec<TensorHandle>| {
             if let Some((h, Residency::Host, bytes)) = view.lookup(key) {
-                if planned + bytes as i128 + peak > room {
-                    return false;
+                let need = planned + bytes as i128 + peak;
+                if need > room {
+                    return Err((h, (need - room) as u64));
                 }
                 planned += bytes as i128;
                 out.push(h);
             }
-            true
+            Ok(())
+        };
+        let want = |(handle, short): (TensorHandle, u64), at: usize| {
+            Some(Wanted {
+                handle,
+                short,
+                ahead: at.saturating_sub(pos) as f64,
+            })
         };
         for i in pos..end.max(pos) {
-            while let Some(&(_, key)) = due.peek().filter(|&&(at, _)| at <= i) {
+            while let Some(&(at, key)) = due.peek().filter(|&&(at, _)| at <= i) {
                 due.next();
-                if !take(key, peak, out) {
+                if let Err(w) = take(key, peak, out) {
+                    self.want = want(w, at);
                     return;
                 }
             }
@@ -403,8 +441,10 @@ impl PrefetchPolicy for PreviousIterationOrder {
                 Logged::Access(TensorKey::Ordinal(k))
                     if self.expect_at.get(k as usize).is_some_and(|&at| at != NONE) => {}
                 Logged::Access(key) => {
-                    if !take(key, peak, out) {
-                        // In order: wait for room rather than skip ahead.
+                    if take(key, peak, out).is_err() {
+                        // In order: wait for room rather than skip ahead. (Not wanted:
+                        // room made for the previous iteration's positions raised the
+                        // stall on training traces, `tier::swap`.)
                         return;
                     }
                 }
@@ -412,11 +452,16 @@ impl PrefetchPolicy for PreviousIterationOrder {
         }
         // Predicted reads past the window's scan (an iteration over twice as long as
         // the previous one scans nothing above).
-        for (_, key) in due {
-            if !take(key, peak, out) {
+        for (at, key) in due {
+            if let Err(w) = take(key, peak, out) {
+                self.want = want(w, at);
                 return;
             }
         }
+    }
+
+    fn wanted(&self) -> Option<Wanted> {
+        self.want
     }
 
     fn upcoming(&self, view: &dyn PrefetchView, out: &mut Vec<TensorHandle>) {

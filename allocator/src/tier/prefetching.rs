@@ -18,7 +18,10 @@ impl<B: DeviceBackend> TierManager<B> {
 
     pub(crate) fn run_prefetcher(&mut self) -> Result<(), TierError> {
         let headroom = self.prefetch_headroom();
-        if headroom == 0 {
+        // Without headroom the policy is asked only for swap ahead's sake: which
+        // predicted read it has no room for.
+        let swap = self.swap_ready();
+        if headroom == 0 && !swap {
             return Ok(());
         }
         let mut plan = std::mem::take(&mut self.plan);
@@ -45,7 +48,11 @@ impl<B: DeviceBackend> TierManager<B> {
             }
         }
         self.plan = plan;
-        r
+        r?;
+        if swap && self.swap_ready() {
+            self.swap_ahead()?;
+        }
+        Ok(())
     }
 }
 

@@ -224,7 +224,7 @@ impl<B: DeviceBackend> TierManager<B> {
 
     /// Spills (or drops, see [`TierManager::spill_batch`]) one candidate; the bytes
     /// moved (0 if it could not move).
-    fn spill_or_drop(&mut self, c: &Candidate, sync: bool) -> Result<u64, TierError> {
+    pub(crate) fn spill_or_drop(&mut self, c: &Candidate, sync: bool) -> Result<u64, TierError> {
         let moved = if self.prefer_drop(c, sync) {
             self.start_drop(c.handle)?
         } else {

@@ -162,6 +162,9 @@ fn run<B: DeviceBackend>(
     let mut cfg = cfg;
     if let Some((_, a)) = opts.predictive {
         cfg.recompute |= a.recompute;
+        // The `prefetch` action also swaps ahead for the reads it predicts past the
+        // previous iteration's end.
+        cfg.swap_ahead |= a.prefetch;
     }
     let mut m = TierManager::with_policies(
         alloc,

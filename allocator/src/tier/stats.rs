@@ -91,6 +91,9 @@ pub struct TierStats {
     /// Of `recomputes`, those made before an input was freed or written rather than
     /// at the tensor's own access.
     pub early_recomputes: u64,
+    /// Swap-ahead rounds that spilled to make room for a predicted read
+    /// (`TierConfig::swap_ahead`).
+    pub swap_spills: u64,
 }
 
 impl TierStats {
@@ -140,6 +143,7 @@ impl TierStats {
             recomputes: _,
             recomputed_bytes: _,
             early_recomputes: _,
+            swap_spills: _,
             pageable_copy_us,
             transfer_stall_us,
             access_stall_us,

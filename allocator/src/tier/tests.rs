@@ -50,6 +50,8 @@ pub(super) fn manager_with_pool(seed: u64, pool: u64) -> (TierManager<TestBacken
         early_spills_pinned: seed & 64 != 0,
         // Half of them count spills in flight as gone at the high watermark.
         spill_hysteresis: seed & 128 != 0,
+        // With predictive mode's prefetcher (below), swap ahead for its predicted reads.
+        swap_ahead: seed & 8 != 0,
         ..TierConfig::default()
     };
     // Half of them with predictive mode's prefetcher (the reads of longer iterations
