@@ -171,10 +171,11 @@ fn print_table(r: &TierReport) {
         out!("time               not modelled on this device (compute, stall and the floors are the simulated device's: --device sim)");
     }
     out!(
-        "spilled            {} in {} spills ({} batches ahead of a forecast peak, {} on the OOM path, {} cancelled)",
+        "spilled            {} in {} spills ({} batches ahead of a forecast peak, {} rounds to make room for a predicted read, {} on the OOM path, {} cancelled)",
         human_bytes(r.spilled_bytes),
         r.spills,
         r.ahead_spills,
+        r.swap_spills,
         r.sync_spills,
         r.cancelled_spills
     );

@@ -514,6 +514,7 @@ fn run<B: DeviceBackend>(
         spills: s.spills,
         spilled_bytes: s.spilled_bytes,
         ahead_spills,
+        swap_spills: s.swap_spills,
         planned_moves: plan_stats.moves,
         planned_spills: plan_stats.spills,
         planned_drops: plan_stats.drops,

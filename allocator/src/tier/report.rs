@@ -74,6 +74,9 @@ pub struct TierReport {
     pub spilled_bytes: u64,
     /// Spills started ahead of a forecast peak (predictive tiers).
     pub ahead_spills: u64,
+    /// Swap-ahead rounds: spills made to bring back a read the prefetcher predicted
+    /// and had no room for (predictive tiers' `prefetch` action).
+    pub swap_spills: u64,
     /// Planned tiers (`predictive_actions` with `plan`): moves the iteration plans
     /// held, and the spills and prefetches the plan issued (0 without a plan).
     pub planned_moves: u64,
