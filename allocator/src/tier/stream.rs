@@ -273,13 +273,11 @@ mod tests {
 /// device, with and without it.
 #[cfg(test)]
 mod manager_tests {
-    use crate::backend::sim::SimBackend;
     use crate::backend::DeviceBackend;
-    use crate::config::AllocConfig;
-    use crate::pool::Allocator;
-    use crate::tier::manager::{TensorOpts, TierManager};
+    use crate::tier::manager::TensorOpts;
     use crate::tier::prefetch::PreviousIterationOrder;
-    use crate::tier::spill::{LinkCost, LruK};
+    use crate::tier::spill::LruK;
+    use crate::tier::tests::sim_manager;
     use crate::tier::TierConfig;
 
     const MIB: u64 = 1 << 20;
@@ -288,29 +286,9 @@ mod manager_tests {
     /// frees them newest first (a backward), 200 us of compute before each step: the
     /// faults and prefetch hits of this one iteration.
     fn first_backward(stream: bool) -> (u64, u64) {
-        let alloc = Allocator::new(
-            SimBackend::new(64 * MIB, Default::default()),
-            AllocConfig {
-                growable_segments: false,
-                ..AllocConfig::default()
-            },
-        )
-        .unwrap();
-        let cfg = TierConfig {
-            budget: 16 * MIB,
-            staging_bytes: 64 * MIB,
-            ..TierConfig::default()
-        };
         let mut order = PreviousIterationOrder::new(2048);
         order.stream = stream;
-        let mut m = TierManager::with_policies(
-            alloc,
-            cfg,
-            Box::new(LruK { k: 2 }),
-            Box::new(LinkCost::default()),
-            Box::new(order),
-        )
-        .unwrap();
+        let mut m = sim_manager(TierConfig::default(), Box::new(LruK { k: 2 }), order);
         let mut hs = Vec::new();
         for _ in 0..24 {
             m.backend_mut().advance_us(200.0);

@@ -92,11 +92,10 @@ impl<B: DeviceBackend> TierManager<B> {
 mod tests {
     use crate::backend::sim::SimBackend;
     use crate::backend::DeviceBackend;
-    use crate::config::AllocConfig;
-    use crate::pool::Allocator;
     use crate::tier::manager::{TensorOpts, TierManager};
     use crate::tier::prefetch::PreviousIterationOrder;
-    use crate::tier::spill::{FarthestNextUse, LinkCost, LruK};
+    use crate::tier::spill::{FarthestNextUse, LruK};
+    use crate::tier::tests::sim_manager;
     use crate::tier::{TensorHandle, TierConfig};
 
     const MIB: u64 = 1 << 20;
@@ -127,30 +126,14 @@ mod tests {
     /// A request of 2 token steps, then one of 12, under a 16 MiB budget (the caches
     /// need 20 and the new one beside them): the faults and prefetch hits of the run.
     fn requests(swap: bool) -> (u64, u64, u64) {
-        let alloc = Allocator::new(
-            SimBackend::new(64 * MIB, Default::default()),
-            AllocConfig {
-                growable_segments: false,
-                ..AllocConfig::default()
-            },
-        )
-        .unwrap();
         let cfg = TierConfig {
-            budget: 16 * MIB,
-            staging_bytes: 64 * MIB,
             swap_ahead: swap,
             ..TierConfig::default()
         };
         let mut order = PreviousIterationOrder::new(2048);
         order.new_shapes = true;
-        let mut m = TierManager::with_policies(
-            alloc,
-            cfg,
-            Box::new(FarthestNextUse { lru: LruK { k: 2 } }),
-            Box::new(LinkCost::default()),
-            Box::new(order),
-        )
-        .unwrap();
+        let spill = Box::new(FarthestNextUse { lru: LruK { k: 2 } });
+        let mut m = sim_manager(cfg, spill, order);
         for steps in [2, 12] {
             for h in decode(&mut m, steps) {
                 m.free(h).unwrap();

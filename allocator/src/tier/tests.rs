@@ -65,6 +65,31 @@ pub(super) fn manager_with_pool(seed: u64, pool: u64) -> (TierManager<TestBacken
     (m, switch)
 }
 
+/// A manager over a 64 MiB simulated device on fixed segments, with a 16 MiB budget, a
+/// 64 MiB pinned pool and the given settings and policies (the link's cost model).
+pub(super) fn sim_manager(
+    cfg: TierConfig,
+    spill: Box<dyn super::spill::SpillPolicy>,
+    order: super::prefetch::PreviousIterationOrder,
+) -> TierManager<crate::backend::sim::SimBackend> {
+    const MIB: u64 = 1 << 20;
+    let alloc = Allocator::new(
+        crate::backend::sim::SimBackend::new(64 * MIB, Default::default()),
+        AllocConfig {
+            growable_segments: false,
+            ..AllocConfig::default()
+        },
+    )
+    .unwrap();
+    let cfg = TierConfig {
+        budget: 16 * MIB,
+        staging_bytes: 64 * MIB,
+        ..cfg
+    };
+    let cost = Box::new(super::spill::LinkCost::default());
+    TierManager::with_policies(alloc, cfg, spill, cost, Box::new(order)).unwrap()
+}
+
 /// What the test's producer knows: each recomputable tensor's producer output (its
 /// bytes as written in its registration step) and recompute cost, and what it ran.
 #[derive(Default)]
