@@ -166,7 +166,8 @@ pub struct Planner {
 /// machinery alone). Only iterations of one shape are compared: across shapes a larger
 /// one stalls more per byte too, and comparing them turned plans off on dynamic jobs
 /// where they helped. An iteration that stays within the budget says nothing and is
-/// not recorded. After [`Guard::RETRY`] iterations of a shape without a plan, its plan
+/// not recorded, nor is one that ran past the end of the trajectory its plan came from
+/// (the plan had nothing to say there). After [`Guard::RETRY`] iterations of a shape without a plan, its plan
 /// is tried again (what it costs may have changed). A job's first iteration has no plan
 /// (nothing to plan from): for a job that repeats one shape the first comparison is
 /// ready after its second. The oracle plans from the first iteration on, so it is
@@ -643,7 +644,16 @@ impl<B: DeviceBackend> TierManager<B> {
             .or_else(|| p.source.as_mut().and_then(|s| s.next()));
         let may_plan = match p.guard.as_mut() {
             Some(g) => {
-                let excess = ended.peak().saturating_sub(budget);
+                // An iteration that ran past the end of its plan's trajectory was only
+                // partly the plan's (a generation request longer than the one it was
+                // planned from): it says nothing of the plan and is not recorded, as
+                // an iteration within the budget is not.
+                let judged = !(p.ran_plan && ended.ops.len() > p.plan.ops);
+                let excess = if judged {
+                    ended.peak().saturating_sub(budget)
+                } else {
+                    0
+                };
                 g.next_may_plan(&p.sig, p.ran_plan, stall - p.stall0, excess)
             }
             None => true,

@@ -262,6 +262,37 @@ fn the_guard_counts_the_bytes_above_the_budget_not_the_cap() {
     }
 }
 
+/// The guard judges a plan by the iterations it was in charge of: an iteration that
+/// ran past the end of the trajectory its plan came from (a generation request
+/// longer than the one it was planned from) records nothing, where the same iteration
+/// within the trajectory records the plan's figure.
+#[test]
+fn the_guard_does_not_judge_a_plan_by_an_iteration_longer_than_its_trajectory() {
+    use crate::tier::planned::Guard;
+    for halves in [1, 2] {
+        let (mut m, _) = manager(3);
+        let mut p = Planner::new(0.8, None);
+        p.guard = Some(Guard::default());
+        m.set_planner(p);
+        // With a 1 MiB weight one pass peaks at 2.5 MiB, above the 2 MiB budget.
+        let w_bytes = 1024 * KIB;
+        let (w, w_data) = weight(&mut m, w_bytes);
+        m.set_next_trajectory(logged(&ops_of(w, w_bytes, 1), w_bytes));
+        m.iteration_boundary().unwrap();
+        assert!(m.planner().unwrap().has_moves());
+        // The trajectory's one pass, or a second one after it: past its end.
+        for half in 0..halves {
+            pass(&mut m, (w, &w_data), 0, half);
+        }
+        assert_eq!(m.planner().unwrap().past_end(), halves == 2);
+        m.iteration_boundary().unwrap();
+        m.check_invariants().unwrap();
+        let g = m.planner().unwrap().guard.as_ref().unwrap();
+        let judged = g.shapes.iter().any(|(_, r)| r.planned.is_some());
+        assert_eq!(judged, halves == 1, "{halves} passes: {g:?}");
+    }
+}
+
 /// Plans are advice, and the guard stops following advice that costs more than it
 /// saves: on the synthetic MLP preset at 60% of peak (weights above the budget, the
 /// link the bottleneck) a plan from the last iteration stalls far more than reactive
