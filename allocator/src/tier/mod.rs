@@ -66,6 +66,7 @@ pub mod schedule;
 pub mod spill;
 pub mod staging;
 pub mod stats;
+mod steps;
 pub mod stream;
 mod swap;
 pub mod transfer;
@@ -130,6 +131,11 @@ pub struct TierConfig {
     /// from the next iteration's start, instead of at that point ([`planned`]); on by
     /// default (docs/predictive.md).
     pub plan_defer_wraps: bool,
+    /// Past the end of the trajectory an iteration plan came from (a generation request
+    /// longer than the one before it, a job's first iteration), plan the period the
+    /// iteration repeats, one period ahead ([`steps`]); on by default (docs/predictive.md,
+    /// "Step plans").
+    pub plan_steps: bool,
     /// Iterations of an input shape run without a plan while the last planned one of
     /// that shape stalled more per byte above the budget than the last one without
     /// ([`planned::Guard`]); on by default (docs/predictive.md, "The plan guard").
@@ -202,6 +208,7 @@ impl Default for TierConfig {
             recompute: false,
             plan_occupancy: false,
             plan_defer_wraps: true,
+            plan_steps: true,
             plan_guard: true,
             oom_by_address: true,
             relocate: true,

@@ -96,6 +96,8 @@ pub struct PlanStats {
     /// Plans replaced within an iteration: its first allocations matched an earlier
     /// iteration of the same shape better than the previous one.
     pub replans: u64,
+    /// Plans of a period past the end of the plan's trajectory (`tier::steps`).
+    pub step_plans: u64,
 }
 
 /// Where the next iteration's trajectory comes from.
@@ -116,6 +118,17 @@ pub struct Planner {
     /// brought back once the link in is idle after its planned point, at the latest
     /// from the next iteration's start, instead of at that point (see the module docs).
     pub defer_wraps: bool,
+    /// Past the end of the plan's trajectory, plan the period the iteration repeats
+    /// (`tier::steps`).
+    pub steps: bool,
+    /// The operation count from which a step plan is looked for again.
+    steps_at: usize,
+    /// The operations of the trajectory the iteration plan came from (a step plan
+    /// replaces the plan, not this).
+    iter_ops: usize,
+    /// Deferred wrapped moves of a plan a step plan replaced, off the device: due from
+    /// the next iteration's start, as the plan's own would have been.
+    carried: Vec<(TensorKey, u64)>,
     cur: Trajectory,
     t0: f64,
     plan: Plan,
@@ -266,6 +279,10 @@ impl Planner {
             drops: false,
             cap_fraction,
             defer_wraps: true,
+            steps: false,
+            steps_at: 0,
+            iter_ops: 0,
+            carried: Vec::new(),
             cur: Trajectory::default(),
             t0: 0.0,
             plan: Plan::default(),
@@ -345,6 +362,66 @@ impl Planner {
         self.guard.as_ref().is_some_and(|g| g.holds_off(&self.sig))
     }
 
+    /// The operations logged in this iteration so far.
+    pub(crate) fn cur_ops(&self) -> &[LoggedOp] {
+        &self.cur.ops
+    }
+
+    /// The cap of this iteration's plans, bytes.
+    pub(crate) fn cap(&self) -> u64 {
+        self.cap
+    }
+
+    /// No period found: look again once the iteration has logged `at` operations.
+    pub(crate) fn retry_steps_at(&mut self, at: usize) {
+        self.steps_at = at;
+    }
+
+    /// Whether to look for a step plan now: on, past the end of the plan's trajectory,
+    /// not held off by the guard, not before the retry point. O(1).
+    fn wants_steps(&self) -> bool {
+        self.steps
+            && self.ran_plan
+            && self.past_end()
+            && self.cur.ops.len() >= self.steps_at
+            && !self.suppressed()
+    }
+
+    /// Installs a plan of the trajectory that starts at operation `start` of this
+    /// iteration (`tier::steps`): its positions become the iteration's; its moves in the
+    /// past are carried out at once (as a re-plan's), those whose prefetch point has
+    /// passed are dropped. A step trajectory is not an iteration: its wrapped moves are
+    /// dropped, and the deferred wrapped moves of the plan it replaces that are off the
+    /// device stay hidden and come back from the next iteration's start.
+    pub(crate) fn install_steps(&mut self, mut plan: Plan, start: usize) {
+        let pos = self.cur.ops.len().saturating_sub(1);
+        for m in &mut plan.moves {
+            m.spill_after += start;
+            m.prefetch_at += start;
+            m.needed_at += start;
+        }
+        plan.ops += start;
+        plan.moves.retain(|m| !m.wraps && m.prefetch_at > pos);
+        if self.defer_wraps {
+            let held = &self.held;
+            self.carried.extend(
+                self.plan
+                    .moves
+                    .iter()
+                    .filter(|m| m.wraps && !m.drop && held.contains(&m.key))
+                    .map(|m| (m.key, m.bytes)),
+            );
+        }
+        self.pending_spills.clear();
+        let carried = &self.carried;
+        self.held.retain(|k| carried.iter().any(|(c, _)| c == k));
+        self.stats.step_plans += 1;
+        self.steps_at = 0;
+        let iter_ops = self.iter_ops;
+        self.install(plan);
+        self.iter_ops = iter_ops;
+    }
+
     fn install(&mut self, plan: Plan) {
         self.ran_plan |= !plan.moves.is_empty();
         self.stats.plans += 1;
@@ -362,6 +439,7 @@ impl Planner {
             .collect();
         wrapped.sort_by_key(|&i| plan.moves[i].needed_at);
         self.wrapped = wrapped;
+        self.iter_ops = plan.ops;
         self.plan = plan;
         self.passed.clear();
         self.next_spill = 0;
@@ -400,7 +478,7 @@ impl<B: DeviceBackend> TierManager<B> {
     /// The key under which `h` is logged: its own, unless it is an ordinal of an
     /// earlier iteration (a tensor that outlived the boundary), which is logged by
     /// handle (the next iteration's ordinals name other tensors).
-    fn plan_key(&self, h: TensorHandle, key: TensorKey) -> TensorKey {
+    pub(super) fn plan_key(&self, h: TensorHandle, key: TensorKey) -> TensorKey {
         match key {
             TensorKey::Ordinal(n) if self.ordinals.get(n as usize) != Some(&h) => {
                 TensorKey::Persistent(h)
@@ -444,6 +522,10 @@ impl<B: DeviceBackend> TierManager<B> {
                 p.rematch();
             }
         }
+        if p.wants_steps() {
+            self.plan_steps();
+        }
+        let p = self.planner.as_deref_mut().expect("planner");
         while let Some(m) = p.plan.moves.get(p.next_spill) {
             if m.spill_after > pos {
                 break;
@@ -648,7 +730,7 @@ impl<B: DeviceBackend> TierManager<B> {
                 // partly the plan's (a generation request longer than the one it was
                 // planned from): it says nothing of the plan and is not recorded, as
                 // an iteration within the budget is not.
-                let judged = !(p.ran_plan && ended.ops.len() > p.plan.ops);
+                let judged = !(p.ran_plan && ended.ops.len() > p.iter_ops);
                 let excess = if judged {
                     ended.peak().saturating_sub(budget)
                 } else {
@@ -705,6 +787,8 @@ impl<B: DeviceBackend> TierManager<B> {
         p.pending_spills.clear();
         p.due.retain(|(k, _)| matches!(k, TensorKey::Persistent(_)));
         p.due.extend(deferred);
+        p.due.append(&mut p.carried);
+        p.steps_at = 0;
     }
 }
 

@@ -189,6 +189,7 @@ fn run<B: DeviceBackend>(
             p.link = LinkModel::from_costs(&opts.costs);
             p.link.occupancy = cfg.plan_occupancy;
             p.defer_wraps = cfg.plan_defer_wraps;
+            p.steps = cfg.plan_steps;
             p.guard = cfg.plan_guard.then(Guard::default);
             m.set_planner(p);
         }
@@ -520,6 +521,7 @@ fn run<B: DeviceBackend>(
         planned_drops: plan_stats.drops,
         planned_prefetches: plan_stats.prefetches,
         planned_replans: plan_stats.replans,
+        planned_step_plans: plan_stats.step_plans,
         planned_skipped: plan_stats.skipped,
         planned_suppressed,
         drops: s.drops,

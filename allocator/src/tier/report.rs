@@ -87,6 +87,9 @@ pub struct TierReport {
     /// Plans replaced within an iteration by one from an earlier iteration of the same
     /// shape (its first allocations).
     pub planned_replans: u64,
+    /// Step plans: the period an iteration repeats, planned past the end of its
+    /// plan's trajectory (`tier::steps`).
+    pub planned_step_plans: u64,
     /// Planned moves skipped at run time (the tensor gone, elsewhere, or of other
     /// bytes than planned).
     pub planned_skipped: u64,

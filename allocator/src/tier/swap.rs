@@ -90,38 +90,12 @@ impl<B: DeviceBackend> TierManager<B> {
 /// the previous one, on a simulated device, with and without it.
 #[cfg(test)]
 mod tests {
-    use crate::backend::sim::SimBackend;
-    use crate::backend::DeviceBackend;
-    use crate::tier::manager::{TensorOpts, TierManager};
     use crate::tier::prefetch::PreviousIterationOrder;
     use crate::tier::spill::{FarthestNextUse, LruK};
-    use crate::tier::tests::sim_manager;
-    use crate::tier::{TensorHandle, TierConfig};
+    use crate::tier::tests::{decode, sim_manager};
+    use crate::tier::TierConfig;
 
-    const MIB: u64 = 1 << 20;
     const LAYERS: usize = 20;
-
-    /// `steps` token steps over `LAYERS` caches of 1 MiB: each step, layer by layer,
-    /// registers the layer's new cache, reads the one the previous step wrote and
-    /// frees it (200 us of compute before each operation). Returns the caches left.
-    fn decode(m: &mut TierManager<SimBackend>, steps: usize) -> Vec<TensorHandle> {
-        let mut caches: Vec<Option<TensorHandle>> = vec![None; LAYERS];
-        for _ in 0..steps {
-            for c in caches.iter_mut() {
-                m.backend_mut().advance_us(200.0);
-                let new = m.register(MIB, TensorOpts::default()).unwrap();
-                m.end_step();
-                if let Some(old) = c.replace(new) {
-                    m.backend_mut().advance_us(200.0);
-                    m.access(old, false).unwrap();
-                    m.end_step();
-                    m.free(old).unwrap();
-                }
-                m.check_invariants().unwrap();
-            }
-        }
-        caches.into_iter().flatten().collect()
-    }
 
     /// A request of 2 token steps, then one of 12, under a 16 MiB budget (the caches
     /// need 20 and the new one beside them): the faults and prefetch hits of the run.
@@ -135,7 +109,7 @@ mod tests {
         let spill = Box::new(FarthestNextUse { lru: LruK { k: 2 } });
         let mut m = sim_manager(cfg, spill, order);
         for steps in [2, 12] {
-            for h in decode(&mut m, steps) {
+            for h in decode(&mut m, LAYERS, steps) {
                 m.free(h).unwrap();
             }
             m.iteration_boundary().unwrap();

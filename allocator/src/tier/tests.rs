@@ -90,6 +90,33 @@ pub(super) fn sim_manager(
     TierManager::with_policies(alloc, cfg, spill, cost, Box::new(order)).unwrap()
 }
 
+/// `steps` token steps over `layers` caches of 1 MiB on a simulated device: each step,
+/// layer by layer, registers the layer's new cache, reads the one the previous step
+/// wrote and frees it (200 us of compute before each operation). Returns the caches
+/// left (those of the last step).
+pub(super) fn decode(
+    m: &mut TierManager<crate::backend::sim::SimBackend>,
+    layers: usize,
+    steps: usize,
+) -> Vec<TensorHandle> {
+    let mut caches: Vec<Option<TensorHandle>> = vec![None; layers];
+    for _ in 0..steps {
+        for c in caches.iter_mut() {
+            m.backend_mut().advance_us(200.0);
+            let new = m.register(1 << 20, TensorOpts::default()).unwrap();
+            m.end_step();
+            if let Some(old) = c.replace(new) {
+                m.backend_mut().advance_us(200.0);
+                m.access(old, false).unwrap();
+                m.end_step();
+                m.free(old).unwrap();
+            }
+            m.check_invariants().unwrap();
+        }
+    }
+    caches.into_iter().flatten().collect()
+}
+
 /// What the test's producer knows: each recomputable tensor's producer output (its
 /// bytes as written in its registration step) and recompute cost, and what it ran.
 #[derive(Default)]
@@ -316,10 +343,11 @@ fn run_program_with(
         )),
     }
     if let Some(p) = m.planner.as_deref_mut() {
-        // Plans with drops (of the recomputable tensors) too, and half of them with
-        // the link's occupancy modelled.
+        // Plans with drops (of the recomputable tensors) too, half of them with the
+        // link's occupancy modelled, half with step plans past their trajectory's end.
         p.drops = true;
         p.link.occupancy = seed & 2 != 0;
+        p.steps = seed & 256 != 0;
     }
     let produced = std::sync::Arc::new(std::sync::Mutex::new(Produced::default()));
     m.set_producer(Box::new(TestProducer(produced.clone())));
