@@ -131,10 +131,10 @@ pub struct TierConfig {
     /// from the next iteration's start, instead of at that point ([`planned`]); on by
     /// default (docs/predictive.md).
     pub plan_defer_wraps: bool,
-    /// Past the end of the trajectory an iteration plan came from (a generation request
-    /// longer than the one before it, a job's first iteration), plan the period the
-    /// iteration repeats, one period ahead ([`steps`]); on by default (docs/predictive.md,
-    /// "Step plans").
+    /// Past the end of the trajectory an iteration plan with moves came from (a
+    /// generation request longer than the one it was planned from), plan the period the
+    /// iteration repeats, one period ahead (`tier::steps`); on by default
+    /// (docs/predictive.md, "Step plans").
     pub plan_steps: bool,
     /// Iterations of an input shape run without a plan while the last planned one of
     /// that shape stalled more per byte above the budget than the last one without

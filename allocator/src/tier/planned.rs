@@ -57,7 +57,9 @@
 //! Cost: O(1) amortized per operation (cursors over the sorted moves; the pending and
 //! due lists are short), plus a plan (see [`schedule`](super::schedule)) once per
 //! iteration at its boundary and once more at the fourth allocation of an iteration
-//! re-planned by shape: that allocation pays for it.
+//! re-planned by shape: that allocation pays for it; past the end of the plan's
+//! trajectory, the step plans of [`steps`](super::steps) (their own cost there). The
+//! plan counters (`PlanStats::plans`, `moves`, ...) count step plans too.
 
 use std::collections::HashSet;
 
@@ -126,8 +128,9 @@ pub struct Planner {
     /// The operations of the trajectory the iteration plan came from (a step plan
     /// replaces the plan, not this).
     iter_ops: usize,
-    /// Deferred wrapped moves of a plan a step plan replaced, off the device: due from
-    /// the next iteration's start, as the plan's own would have been.
+    /// Deferred wrapped moves of the iteration plan a step plan replaced, still off the
+    /// device when the last step plan was installed: hidden from the window prefetcher
+    /// and due from the next iteration's start, as the plan's own would have been.
     carried: Vec<(TensorKey, u64)>,
     cur: Trajectory,
     t0: f64,
@@ -179,9 +182,10 @@ pub struct Planner {
 /// machinery alone). Only iterations of one shape are compared: across shapes a larger
 /// one stalls more per byte too, and comparing them turned plans off on dynamic jobs
 /// where they helped. An iteration that stays within the budget says nothing and is
-/// not recorded, nor is one that ran past the end of the trajectory its plan came from
-/// (the plan had nothing to say there). After [`Guard::RETRY`] iterations of a shape without a plan, its plan
-/// is tried again (what it costs may have changed). A job's first iteration has no plan
+/// not recorded, nor is one that ran past the end of the trajectory its iteration plan
+/// came from (the plan had nothing to say there; step plans run only there, so the
+/// guard neither credits nor blames them). After [`Guard::RETRY`] iterations of a
+/// shape without a plan, its plan is tried again (what it costs may have changed). A job's first iteration has no plan
 /// (nothing to plan from): for a job that repeats one shape the first comparison is
 /// ready after its second. The oracle plans from the first iteration on, so it is
 /// never compared.
@@ -393,7 +397,7 @@ impl Planner {
     /// passed are dropped. A step trajectory is not an iteration: its wrapped moves are
     /// dropped, and the deferred wrapped moves of the plan it replaces that are off the
     /// device stay hidden and come back from the next iteration's start.
-    pub(crate) fn install_steps(&mut self, mut plan: Plan, start: usize) {
+    pub(crate) fn install_steps(&mut self, mut plan: Plan, start: usize, off: &HashSet<TensorKey>) {
         let pos = self.cur.ops.len().saturating_sub(1);
         for m in &mut plan.moves {
             m.spill_after += start;
@@ -412,11 +416,19 @@ impl Planner {
                     .map(|m| (m.key, m.bytes)),
             );
         }
+        // Only those still off the device (one a fault brought back is not hidden).
+        self.carried.retain(|(k, _)| off.contains(k));
         self.pending_spills.clear();
         let carried = &self.carried;
         self.held.retain(|k| carried.iter().any(|(c, _)| c == k));
         self.stats.step_plans += 1;
-        self.steps_at = 0;
+        // A step plan that moves nothing is not looked for again before the operations
+        // have doubled (a period that repeats without needing a plan).
+        self.steps_at = if plan.moves.is_empty() {
+            2 * (pos + 1)
+        } else {
+            0
+        };
         let iter_ops = self.iter_ops;
         self.install(plan);
         self.iter_ops = iter_ops;

@@ -2,8 +2,7 @@
 //!
 //! An iteration plan covers the trajectory it came from (the previous iteration of the
 //! same shape). A generation request that makes more tokens than that one runs past its
-//! end, and a job's first iteration has no plan at all; in both the rest is token steps,
-//! which repeat: the same operations, each step's tensors `shift` ordinals after the
+//! end, and the rest is token steps, which repeat: the same operations, each step's tensors `shift` ordinals after the
 //! previous step's, the key/value caches a little larger each step. Once the iteration is
 //! past its plan's end, the planner looks for the longest *period* that the logged
 //! operations end with (their last `len` operations repeat the `len` before them), and
@@ -14,8 +13,10 @@
 //! period's start: its moves in the past (a cache allocated in the last step, read in
 //! the next) are carried out at once, the rest as the iteration reaches them. At the end
 //! of that trajectory the iteration is past the plan's end again, and the next period is
-//! planned. Where no period is found, the next try is at twice the operations (a first
-//! iteration's prefill and first steps cost a logarithmic number of tries).
+//! planned. Where no period is found, or the plan of the one found moves nothing, the
+//! next try is at twice the operations. Step plans are made only in an iteration that
+//! ran under an iteration plan with moves (they continue it); in a job's first
+//! iteration, with no plan, they raised the stall (docs/predictive.md, "Step plans").
 //!
 //! The plan is advice like any other (`planned.rs`): an extrapolated move whose tensor
 //! is not there, or not of the planned bytes (the request ended, the growth was not
@@ -23,17 +24,25 @@
 //!
 //! Matching: two operations match when they are of one kind and name the same persistent
 //! tensor, or ordinals `shift` apart (one `shift` for the whole period, at least 1: a
-//! period that allocates nothing has nothing to plan). Bytes are not compared (the caches
-//! grow). The longest period is taken (a multiple of the token step: one layer repeats
+//! period that allocates nothing has nothing to plan); a period must read something
+//! (a run of allocations alone repeats too, and has no gap to plan). Bytes are not
+//! compared (the caches grow). A step that reads a tensor of this iteration allocated
+//! before the steps (an encoder's output read by every decoder step) has no period
+//! here: that read names one ordinal in every step. The longest period is taken (a multiple of the token step: one layer repeats
 //! too, and a one-layer horizon does not reach the next step's read of a cache); its
 //! trajectory is then as long as the history it repeats, so the plans per iteration grow
 //! geometrically apart.
 //!
-//! Cost: a search tries each length from half the logged operations down, most failing
-//! at the first or second comparison: O(n) per search and O(len) to verify the one
-//! found, then a plan (see [`super::schedule`]) of `2 len` operations and a scan of the
-//! registry for the bytes off the device; once per period, on the operation that ends
-//! one (it pays for it).
+//! Cost: a search tries each length from half the logged operations down; most fail at
+//! the first or second comparison, but a length that is a multiple of a sub-period (a
+//! layer within a token step) runs until the step's own operations break it: O(n x r)
+//! per search for `r` repeats of a sub-period in the period (a decoder's layers),
+//! O(n^2 / len) where the tail reads no ordinal at all. Then a plan (see
+//! [`super::schedule`]) of `2 len` operations and a scan of the registry for the bytes
+//! off the device; once per period, on the operation that ends one (it pays for it).
+//! The planner covers the excess of the whole trajectory, its past half too: the moves
+//! chosen for positions already passed are dropped at install, and may have kept other
+//! gaps of their tensors from being chosen.
 
 use std::collections::HashSet;
 
@@ -57,11 +66,13 @@ pub(crate) struct Period {
 fn repeats(ops: &[LoggedOp], len: usize) -> Option<u32> {
     let n = ops.len();
     let mut shift = None;
+    let mut reads = false;
     for k in (n - len..n).rev() {
         let (a, b) = (&ops[k - len], &ops[k]);
         if a.kind != b.kind {
             return None;
         }
+        reads |= a.kind == OpUse::Access;
         match (a.key, b.key) {
             (TensorKey::Persistent(x), TensorKey::Persistent(y)) if x == y => {}
             (TensorKey::Ordinal(x), TensorKey::Ordinal(y)) if y > x => {
@@ -72,7 +83,7 @@ fn repeats(ops: &[LoggedOp], len: usize) -> Option<u32> {
             _ => return None,
         }
     }
-    shift
+    shift.filter(|_| reads)
 }
 
 /// The longest period `ops` ends with (at most half of them), if any. O(n) for the
@@ -112,7 +123,7 @@ pub(crate) fn extend(ops: &[LoggedOp], per: Period, ahead: usize, base: u64) -> 
             key => key,
         };
         let growth = op.bytes as i128 - prev.bytes as i128;
-        let bytes = (op.bytes as i128 + k as i128 * growth).max(1) as u64;
+        let bytes = (op.bytes as i128 + k as i128 * growth).clamp(1, u64::MAX as i128) as u64;
         out.push(LoggedOp {
             key,
             bytes,
@@ -164,13 +175,17 @@ impl<B: DeviceBackend> TierManager<B> {
             .filter(|op| op.kind == OpUse::Access)
             .map(|op| op.key)
             .collect();
-        let off: u64 = self
-            .reg
-            .iter()
-            .filter(|(_, e)| matches!(e.place, Place::Host { .. } | Place::SpillingOut { .. }))
-            .filter(|&(h, e)| !read.contains(&self.plan_key(h, e.key)))
-            .map(|(_, e)| e.bytes)
-            .sum();
+        let mut off_keys = HashSet::new();
+        let mut off = 0;
+        for (h, e) in self.reg.iter() {
+            if matches!(e.place, Place::Host { .. } | Place::SpillingOut { .. }) {
+                let key = self.plan_key(h, e.key);
+                if !read.contains(&key) {
+                    off += e.bytes;
+                }
+                off_keys.insert(key);
+            }
+        }
         let live = (self.logical as i128 - net).max(0) as u64;
         traj.base = live.saturating_sub(off);
         let p = self.planner.as_deref_mut().expect("planner");
@@ -178,7 +193,7 @@ impl<B: DeviceBackend> TierManager<B> {
         // Re-planned after the first period ahead: the second holds the reads of the
         // tensors the first allocates.
         plan.ops = 2 * per.len;
-        p.install_steps(plan, start);
+        p.install_steps(plan, start, &off_keys);
     }
 }
 
