@@ -48,6 +48,7 @@ pub mod access;
 pub mod budget;
 pub mod directives;
 pub mod floor;
+mod guard;
 pub mod handle;
 mod host;
 pub mod manager;
