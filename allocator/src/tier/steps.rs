@@ -303,23 +303,13 @@ mod tests {
     /// step plans of the run.
     fn requests(steps: bool) -> (u64, u64, u64) {
         use crate::tier::planned::Planner;
-        use crate::tier::prefetch::PreviousIterationOrder;
-        use crate::tier::spill::{FarthestNextUse, LruK};
-        use crate::tier::tests::{decode, sim_manager};
+        use crate::tier::tests::short_then_long_request;
         use crate::tier::TierConfig;
-        let mut order = PreviousIterationOrder::new(2048);
-        order.new_shapes = true;
-        let spill = Box::new(FarthestNextUse { lru: LruK { k: 2 } });
-        let mut m = sim_manager(TierConfig::default(), spill, order);
-        let mut p = Planner::new(0.8, None);
-        p.steps = steps;
-        m.set_planner(p);
-        for n in [2, 12] {
-            for h in decode(&mut m, 20, n) {
-                m.free(h).unwrap();
-            }
-            m.iteration_boundary().unwrap();
-        }
+        let m = short_then_long_request(TierConfig::default(), |m| {
+            let mut p = Planner::new(0.8, None);
+            p.steps = steps;
+            m.set_planner(p);
+        });
         let s = m.stats();
         let plans = m.planner().unwrap().stats.step_plans;
         (s.faults, s.prefetch_hits, plans)

@@ -90,12 +90,8 @@ impl<B: DeviceBackend> TierManager<B> {
 /// the previous one, on a simulated device, with and without it.
 #[cfg(test)]
 mod tests {
-    use crate::tier::prefetch::PreviousIterationOrder;
-    use crate::tier::spill::{FarthestNextUse, LruK};
-    use crate::tier::tests::{decode, sim_manager};
+    use crate::tier::tests::short_then_long_request;
     use crate::tier::TierConfig;
-
-    const LAYERS: usize = 20;
 
     /// A request of 2 token steps, then one of 12, under a 16 MiB budget (the caches
     /// need 20 and the new one beside them): the faults and prefetch hits of the run.
@@ -104,17 +100,7 @@ mod tests {
             swap_ahead: swap,
             ..TierConfig::default()
         };
-        let mut order = PreviousIterationOrder::new(2048);
-        order.new_shapes = true;
-        let spill = Box::new(FarthestNextUse { lru: LruK { k: 2 } });
-        let mut m = sim_manager(cfg, spill, order);
-        for steps in [2, 12] {
-            for h in decode(&mut m, LAYERS, steps) {
-                m.free(h).unwrap();
-            }
-            m.iteration_boundary().unwrap();
-        }
-        let s = m.stats();
+        let s = short_then_long_request(cfg, |_| {}).stats().clone();
         (s.faults, s.prefetch_hits, s.swap_spills)
     }
 

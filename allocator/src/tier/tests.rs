@@ -117,6 +117,30 @@ pub(super) fn decode(
     caches.into_iter().flatten().collect()
 }
 
+/// A generation request of 2 token steps over 20 caches of 1 MiB, then one of 12
+/// ([`decode`]), on [`sim_manager`] with `cfg`, predictive mode's prefetcher (the reads
+/// of longer iterations predicted) and victims by next use; `setup` readies the
+/// manager first (a planner). Returns the manager after the second request's boundary.
+pub(super) fn short_then_long_request(
+    cfg: TierConfig,
+    setup: impl FnOnce(&mut TierManager<crate::backend::sim::SimBackend>),
+) -> TierManager<crate::backend::sim::SimBackend> {
+    let mut order = super::prefetch::PreviousIterationOrder::new(2048);
+    order.new_shapes = true;
+    let spill = Box::new(super::spill::FarthestNextUse {
+        lru: super::spill::LruK { k: 2 },
+    });
+    let mut m = sim_manager(cfg, spill, order);
+    setup(&mut m);
+    for steps in [2, 12] {
+        for h in decode(&mut m, 20, steps) {
+            m.free(h).unwrap();
+        }
+        m.iteration_boundary().unwrap();
+    }
+    m
+}
+
 /// What the test's producer knows: each recomputable tensor's producer output (its
 /// bytes as written in its registration step) and recompute cost, and what it ran.
 #[derive(Default)]
