@@ -189,10 +189,9 @@ impl<B: DeviceBackend> TierManager<B> {
         let live = (self.logical as i128 - net).max(0) as u64;
         traj.base = live.saturating_sub(off);
         let p = self.planner.as_deref_mut().expect("planner");
-        let mut plan = schedule::plan(&traj, p.cap(), p.link);
-        // Re-planned after the first period ahead: the second holds the reads of the
-        // tensors the first allocates.
-        plan.ops = 2 * per.len;
+        // The plan covers the trajectory (`plan.ops == 2 len`): past its end, the
+        // next period is planned.
+        let plan = schedule::plan(&traj, p.cap(), p.link);
         p.install_steps(plan, start, &off_keys);
     }
 }
