@@ -167,6 +167,7 @@ fn options_that_cannot_apply_are_errors() {
         (vec!["replay", &t, "--no-prefetch"], "--no-prefetch"),
         (vec!["replay", &t, "--no-arena"], "--no-arena"),
         (vec!["replay", &t, "--no-relocate"], "--no-relocate"),
+        (vec!["replay", &t, "--no-step-plans"], "--no-step-plans"),
         (vec!["replay", &t, "--early-pageable"], "--early-pageable"),
         (
             vec!["replay", &t, "--spill-hysteresis"],
@@ -473,5 +474,40 @@ fn settings_that_switch_predictive_mode_on_are_labelled_and_their_forecaster_run
     assert!(
         e.contains("horizon: 4294967301 is above the most it takes"),
         "{e}"
+    );
+}
+
+/// Step plans through the CLI: on GPT-2 medium generation at 60% the predictive
+/// tiers plan the token steps past the end of an iteration plan (the JSON counts
+/// them) and their prefetches hit more often; `--no-step-plans` turns them off.
+#[test]
+fn step_plans_are_reported_and_can_be_turned_off() {
+    let t = common::repo()
+        .join("training-data/corpus/train/gpt2_medium_generate_dynamic.mctrace")
+        .to_string_lossy()
+        .into_owned();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "replay",
+            &t,
+            "--policy",
+            "predictive",
+            "--budget",
+            "60%",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json(&args)
+    };
+    let (on, off) = (run(&[]), run(&["--no-step-plans"]));
+    let plans = |v: &serde_json::Value| v["planned_step_plans"].as_u64().unwrap();
+    let hits = |v: &serde_json::Value| v["prefetch_hit_rate"].as_f64().unwrap();
+    assert!(plans(&on) > 0, "{on}");
+    assert_eq!(plans(&off), 0, "{off}");
+    assert!(
+        hits(&on) > hits(&off),
+        "hit rate {} against {}",
+        hits(&on),
+        hits(&off)
     );
 }

@@ -173,6 +173,11 @@ pub struct ReplayArgs {
     /// tensors elsewhere on the device before it spills).
     #[arg(long)]
     pub no_relocate: bool,
+    /// With --budget and predictive tiers: no step plans (past the end of an
+    /// iteration plan's trajectory, the token steps of a request longer than the one
+    /// planned run without a plan of their own).
+    #[arg(long)]
+    pub no_step_plans: bool,
     /// With --budget: spills that nothing waits for (the watermark's batches, spills
     /// ahead of a forecast, planned moves) may go to pageable memory when the pinned
     /// pool has no room (by default such a spill is not issued then: a copy to pageable
@@ -336,6 +341,9 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
     }
     if args.no_relocate && args.budget.is_none() {
         bail!("--no-relocate applies to a replay under --budget only");
+    }
+    if args.no_step_plans && args.budget.is_none() {
+        bail!("--no-step-plans applies to a replay under --budget only");
     }
     if args.early_pageable && args.budget.is_none() {
         bail!("--early-pageable applies to a replay under --budget only");

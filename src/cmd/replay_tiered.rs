@@ -69,6 +69,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         (tier.high_watermark, tier.low_watermark) = parse_watermarks(w)?;
     }
     tier.relocate = !args.no_relocate;
+    tier.plan_steps = !args.no_step_plans;
     tier.early_spills_pinned = !args.early_pageable;
     tier.spill_hysteresis = args.spill_hysteresis;
     if let Some(p) = &args.pinned {
