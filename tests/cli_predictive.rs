@@ -168,6 +168,10 @@ fn options_that_cannot_apply_are_errors() {
         (vec!["replay", &t, "--no-arena"], "--no-arena"),
         (vec!["replay", &t, "--no-relocate"], "--no-relocate"),
         (vec!["replay", &t, "--no-step-plans"], "--no-step-plans"),
+        (
+            vec!["replay", &t, "--no-new-shape-plans"],
+            "--no-new-shape-plans",
+        ),
         (vec!["replay", &t, "--early-pageable"], "--early-pageable"),
         (
             vec!["replay", &t, "--spill-hysteresis"],
@@ -509,5 +513,38 @@ fn step_plans_are_reported_and_can_be_turned_off() {
         "hit rate {} against {}",
         hits(&on),
         hits(&off)
+    );
+}
+
+/// Plans for a new shape through the CLI: on GPT-2 with a batch drawn per iteration,
+/// at 60%, an iteration of a batch not seen before is re-planned from an earlier one
+/// with its bytes mapped (the JSON counts these plans), which lowers the stall;
+/// `--no-new-shape-plans` turns them off.
+#[test]
+fn new_shape_plans_are_reported_and_can_be_turned_off() {
+    let t = bundled("gpt2_dynbatch_s512_train_bf16");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "replay",
+            &t,
+            "--policy",
+            "predictive",
+            "--budget",
+            "60%",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json(&args)
+    };
+    let (on, off) = (run(&[]), run(&["--no-new-shape-plans"]));
+    let plans = |v: &serde_json::Value| v["planned_new_shape_plans"].as_u64().unwrap();
+    let stall = |v: &serde_json::Value| v["stall_overhead"].as_f64().unwrap();
+    assert!(plans(&on) > 0, "{on}");
+    assert_eq!(plans(&off), 0, "{off}");
+    assert!(
+        stall(&on) < stall(&off),
+        "stall {} against {}",
+        stall(&on),
+        stall(&off)
     );
 }

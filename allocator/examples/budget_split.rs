@@ -3,12 +3,13 @@
 //! predictive tiers (default actions, the LSTM), iteration plans (from the last
 //! iteration of the same shape, and the oracle's), beside the peak floor.
 //!
-//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [nosteps] [byaddr|noaddr] [noguard] [norelocate] [earlypageable] [hysteresis] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits] [oracle] [low=X] [high=X] [pinned=X] [costs=NAME] [save=PATH] [base=PATH]`
+//! `cargo run --release -p memcast-alloc --example budget_split [SPLIT] [BUDGET] [occupancy] [nodefer] [nosteps] [nomorph] [byaddr|noaddr] [noguard] [norelocate] [earlypageable] [hysteresis] [growable] [steady] [spread] [manifest=PATH] [solo=PATH] [hits] [oracle] [low=X] [high=X] [pinned=X] [costs=NAME] [save=PATH] [base=PATH]`
 //! (from the repository root; `BUDGET` a share of each trace's peak, default `60%`;
 //! `occupancy`: plans model the link's occupancy, `TierConfig::plan_occupancy`;
 //! `nodefer`: plans bring wrapped moves back within their iteration,
 //! `TierConfig::plan_defer_wraps` off; `nosteps`: no step plans past the end of an
-//! iteration plan's trajectory, `TierConfig::plan_steps` off; `byaddr` / `noaddr`: `TierConfig::oom_by_address`
+//! iteration plan's trajectory, `TierConfig::plan_steps` off; `nomorph`: no plans for a new
+//! shape, `TierConfig::plan_new_shapes` off; `byaddr` / `noaddr`: `TierConfig::oom_by_address`
 //! on / off; `noguard`: `TierConfig::plan_guard` off; `norelocate`: `TierConfig::relocate` off; `earlypageable`: `TierConfig::early_spills_pinned` off (spills nothing waits for may go to pageable memory); `hysteresis`: `TierConfig::spill_hysteresis` on; `growable`: the allocator on growable segments, with its default page
 //! release, instead of fixed ones; `peak`: with `growable`, page release at the peak;
 //! `planned`: planned placement; `steady`: the stall over the compute of the iterations
@@ -159,6 +160,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             if flag("nosteps") {
                 opts.tier.plan_steps = false;
+            }
+            if flag("nomorph") {
+                opts.tier.plan_new_shapes = false;
             }
             if flag("noguard") {
                 opts.tier.plan_guard = false;

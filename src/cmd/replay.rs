@@ -178,6 +178,11 @@ pub struct ReplayArgs {
     /// planned run without a plan of their own).
     #[arg(long)]
     pub no_step_plans: bool,
+    /// With --budget and predictive tiers: no plans for a new shape (an iteration of
+    /// an input shape not seen before runs under the previous iteration's plan instead
+    /// of one morphed from an earlier iteration to its bytes).
+    #[arg(long)]
+    pub no_new_shape_plans: bool,
     /// With --budget: spills that nothing waits for (the watermark's batches, spills
     /// ahead of a forecast, planned moves) may go to pageable memory when the pinned
     /// pool has no room (by default such a spill is not issued then: a copy to pageable
@@ -341,6 +346,9 @@ fn check_options(args: &ReplayArgs) -> Result<()> {
     }
     if args.no_relocate && args.budget.is_none() {
         bail!("--no-relocate applies to a replay under --budget only");
+    }
+    if args.no_new_shape_plans && args.budget.is_none() {
+        bail!("--no-new-shape-plans applies to a replay under --budget only");
     }
     if args.no_step_plans && args.budget.is_none() {
         bail!("--no-step-plans applies to a replay under --budget only");

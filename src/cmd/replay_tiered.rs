@@ -70,6 +70,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     }
     tier.relocate = !args.no_relocate;
     tier.plan_steps = !args.no_step_plans;
+    tier.plan_new_shapes = !args.no_new_shape_plans;
     tier.early_spills_pinned = !args.early_pageable;
     tier.spill_hysteresis = args.spill_hysteresis;
     if let Some(p) = &args.pinned {

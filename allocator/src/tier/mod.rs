@@ -52,6 +52,7 @@ mod guard;
 pub mod handle;
 mod host;
 pub mod manager;
+mod morph;
 pub mod occupancy;
 pub mod planned;
 pub mod predictive;
@@ -137,6 +138,9 @@ pub struct TierConfig {
     /// iteration repeats, one period ahead (`tier::steps`); on by default
     /// (docs/predictive.md, "Step plans").
     pub plan_steps: bool,
+    /// Re-plan an iteration of an input shape not seen before from the previous
+    /// iteration's trajectory with its bytes mapped to this one's (`tier::morph`).
+    pub plan_new_shapes: bool,
     /// Iterations of an input shape run without a plan while the last planned one of
     /// that shape stalled more per byte above the budget than the last one without
     /// ([`planned::Guard`]); on by default (docs/predictive.md, "The plan guard").
@@ -210,6 +214,7 @@ impl Default for TierConfig {
             plan_occupancy: false,
             plan_defer_wraps: true,
             plan_steps: true,
+            plan_new_shapes: true,
             plan_guard: true,
             oom_by_address: true,
             relocate: true,

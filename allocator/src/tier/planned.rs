@@ -102,6 +102,9 @@ pub struct PlanStats {
     pub replans: u64,
     /// Plans of a period past the end of the plan's trajectory (`tier::steps`).
     pub step_plans: u64,
+    /// Re-plans of an iteration of a new shape from an earlier one, morphed
+    /// (`tier::morph`; counted in `replans` too).
+    pub new_shape_plans: u64,
 }
 
 /// Where the next iteration's trajectory comes from.
@@ -125,6 +128,15 @@ pub struct Planner {
     /// Past the end of the plan's trajectory, plan the period the iteration repeats
     /// (`tier::steps`).
     pub steps: bool,
+    /// Re-plan an iteration of a new shape from the previous iteration's trajectory,
+    /// its bytes mapped to this one's (`tier::morph`).
+    pub morph: bool,
+    /// Re-plan by morphing at the next operation (this iteration's shape is new, or it
+    /// departed from the iteration its plan was morphed from).
+    morph_now: bool,
+    /// The library iteration the current plan was morphed from, while this iteration
+    /// agrees with it.
+    morph_src: Option<usize>,
     /// The operation count from which a step plan is looked for again.
     steps_at: usize,
     /// The operations of the trajectory the iteration plan came from (a step plan
@@ -200,6 +212,9 @@ impl Planner {
             cap_fraction,
             defer_wraps: true,
             steps: false,
+            morph: false,
+            morph_now: false,
+            morph_src: None,
             steps_at: 0,
             iter_ops: 0,
             carried: Vec::new(),
@@ -261,6 +276,8 @@ impl Planner {
             return;
         }
         let Some(i) = self.library.iter().position(|(s, _)| *s == self.sig) else {
+            // A new shape: re-planned from an earlier iteration, morphed.
+            self.morph_now = self.morph && !self.library.is_empty();
             return;
         };
         let mut plan = schedule::plan(&self.library[i].1, self.cap, self.link);
@@ -274,6 +291,51 @@ impl Planner {
         // longer hidden from the window prefetcher (its due prefetches stay due).
         self.pending_spills.clear();
         self.held.clear();
+        self.install(plan);
+    }
+
+    /// The previous iteration's trajectory morphed to this one's (`tier::morph`).
+    pub(crate) fn morph_trajectory(&mut self) -> Option<Trajectory> {
+        let i = super::morph::source(&self.library, &self.sig, &self.cur)?;
+        self.morph_src = Some(i);
+        super::morph::morph(&self.cur, &self.library[i].1)
+    }
+
+    /// Whether the operation just logged departs from the iteration the plan was
+    /// morphed from. O(1).
+    fn morph_departs(&self) -> bool {
+        let Some(i) = self.morph_src else {
+            return false;
+        };
+        let Some(a) = self.cur.ops.last() else {
+            return false;
+        };
+        self.library[i]
+            .1
+            .ops
+            .get(self.cur.ops.len() - 1)
+            .is_none_or(|b| b.kind != a.kind || b.key != a.key)
+    }
+
+    /// No morphed plan now: the current plan stays.
+    pub(crate) fn stop_morph(&mut self) {
+        self.morph_now = false;
+        self.morph_src = None;
+    }
+
+    /// Installs a plan of a morphed trajectory as a re-plan by shape (see
+    /// [`rematch`](Self::rematch)); what the replaced plan spilled stays hidden where
+    /// the new plan moves it too.
+    pub(crate) fn install_morph(&mut self, mut plan: Plan) {
+        let pos = self.cur.ops.len().saturating_sub(1);
+        plan.moves.retain(|m| m.prefetch_at > pos);
+        self.pending_spills.clear();
+        let moves = &plan.moves;
+        self.held
+            .retain(|k| moves.iter().any(|m| m.key == *k && m.spill_after <= pos));
+        self.stats.replans += 1;
+        self.stats.new_shape_plans += 1;
+        self.morph_now = false;
         self.install(plan);
     }
 
@@ -450,6 +512,16 @@ impl<B: DeviceBackend> TierManager<B> {
                 p.rematch();
             }
         }
+        if p.morph_departs() {
+            // The iteration no longer follows the one its plan was morphed from: a
+            // re-plan from one it agrees with, if any.
+            p.morph_src = None;
+            p.morph_now = true;
+        }
+        if p.morph_now && !p.suppressed() {
+            self.plan_morph();
+        }
+        let p = self.planner.as_deref_mut().expect("planner");
         if p.wants_steps() {
             self.plan_steps();
         }
@@ -717,6 +789,8 @@ impl<B: DeviceBackend> TierManager<B> {
         p.due.extend(deferred);
         p.due.append(&mut p.carried);
         p.steps_at = 0;
+        p.morph_now = false;
+        p.morph_src = None;
     }
 }
 

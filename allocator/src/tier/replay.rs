@@ -190,6 +190,7 @@ fn run<B: DeviceBackend>(
             p.link.occupancy = cfg.plan_occupancy;
             p.defer_wraps = cfg.plan_defer_wraps;
             p.steps = cfg.plan_steps;
+            p.morph = cfg.plan_new_shapes;
             p.guard = cfg.plan_guard.then(Guard::default);
             m.set_planner(p);
         }
@@ -522,6 +523,7 @@ fn run<B: DeviceBackend>(
         planned_prefetches: plan_stats.prefetches,
         planned_replans: plan_stats.replans,
         planned_step_plans: plan_stats.step_plans,
+        planned_new_shape_plans: plan_stats.new_shape_plans,
         planned_skipped: plan_stats.skipped,
         planned_suppressed,
         drops: s.drops,

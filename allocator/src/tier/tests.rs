@@ -368,10 +368,12 @@ fn run_program_with(
     }
     if let Some(p) = m.planner.as_deref_mut() {
         // Plans with drops (of the recomputable tensors) too, half of them with the
-        // link's occupancy modelled, half with step plans past their trajectory's end.
+        // link's occupancy modelled, half with step plans past their trajectory's end,
+        // half with plans for a new shape.
         p.drops = true;
         p.link.occupancy = seed & 2 != 0;
         p.steps = seed & 256 != 0;
+        p.morph = seed & 512 != 0;
     }
     let produced = std::sync::Arc::new(std::sync::Mutex::new(Produced::default()));
     m.set_producer(Box::new(TestProducer(produced.clone())));
