@@ -257,4 +257,89 @@ mod tests {
         assert_eq!(source(&library, &[800], &cur(800)), Some(1));
         assert_eq!(source(&library[2..], &[800], &cur(800)), None);
     }
+
+    /// A training loop whose inputs take shapes `s` of 6 to 11 (inputs of `s` to `4 s`
+    /// KiB, twelve activations of `s x 16 KiB` read back in the backward; from 9 on over
+    /// the 1.6 MiB cap; every size in proportion, as a CNN's at another image size),
+    /// the large ones new: each new shape is re-planned from an earlier iteration with its
+    /// bytes mapped, so that its planned moves find their tensors at the planned bytes
+    /// (without it, the previous shape's moves are skipped, or there are none). Every
+    /// byte read back is the one written.
+    fn new_shapes(morph: bool) -> (u64, u64, u64) {
+        let scales = [6u64, 7, 8, 6, 9, 10, 7, 11].map(|s| (s, None));
+        let m = shapes_loop(5, morph, &scales);
+        let s = &m.planner().unwrap().stats;
+        (s.new_shape_plans, s.spills, s.skipped)
+    }
+
+    /// The loop of [`new_shapes`] over `(scale, extra)` iterations: an `extra` of
+    /// `Some(i)` allocates one more 8 KiB tensor after the `i`-th activation (an
+    /// iteration that departs from the others). Every byte read back is checked.
+    fn shapes_loop(
+        seed: u64,
+        morph: bool,
+        iterations: &[(u64, Option<usize>)],
+    ) -> crate::tier::TierManager<crate::tier::tests::TestBackend> {
+        use crate::tier::manager::TensorOpts;
+        use crate::tier::tests::{manager, pattern, read, write};
+        let (mut m, _) = manager(seed);
+        let mut p = crate::tier::planned::Planner::new(0.8, None);
+        p.morph = morph;
+        m.set_planner(p);
+        for (it, &(scale, extra)) in iterations.iter().enumerate() {
+            let it = it as u64;
+            let input = [scale << 10, scale << 11, scale * (3 << 10), scale << 12];
+            let mut sizes: Vec<u64> = input.to_vec();
+            sizes.extend([scale * (16 << 10); 12]);
+            if let Some(i) = extra {
+                sizes.insert(4 + (i % 12) + 1, 8 << 10);
+            }
+            let mut live = Vec::new();
+            for (i, &b) in sizes.iter().enumerate() {
+                let h = m.register(b, TensorOpts::default()).unwrap();
+                let data = pattern(it * 100 + i as u64, b);
+                write(&mut m, h, &data).unwrap();
+                m.end_step();
+                live.push((h, data));
+            }
+            while let Some((h, data)) = live.pop() {
+                assert_eq!(read(&mut m, h).unwrap(), data, "iteration {it}");
+                m.end_step();
+                m.free(h).unwrap();
+                m.check_invariants().unwrap();
+            }
+            m.iteration_boundary().unwrap();
+        }
+        m
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// Shapes drawn at random, some iterations departing from the others: plans for
+        /// a new shape are made, replaced and abandoned mid-iteration, and every byte
+        /// still comes back as written, with the allocator's invariants after every free.
+        #[test]
+        fn new_shapes_and_departures_keep_every_byte(
+            seed in 0u64..1024,
+            iterations in proptest::collection::vec(
+                (4u64..13, proptest::option::weighted(0.3, 0usize..12)),
+                6..12,
+            ),
+        ) {
+            let m = shapes_loop(seed, true, &iterations);
+            m.check_invariants().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_new_shape_is_planned_from_an_earlier_one_with_its_bytes_mapped() {
+        let (plans_off, spills_off, skipped_off) = new_shapes(false);
+        let (plans_on, spills_on, skipped_on) = new_shapes(true);
+        assert_eq!(plans_off, 0);
+        assert!(plans_on >= 3, "{plans_on} plans for a new shape");
+        assert!(
+            spills_on > spills_off && skipped_on < skipped_off,
+            "planned spills {spills_off} -> {spills_on}, skipped {skipped_off} -> {skipped_on}"
+        );
+    }
 }
