@@ -52,7 +52,6 @@ mod guard;
 pub mod handle;
 mod host;
 pub mod manager;
-mod morph;
 pub mod occupancy;
 pub mod planned;
 pub mod predictive;
@@ -138,8 +137,10 @@ pub struct TierConfig {
     /// iteration repeats, one period ahead (`tier::steps`); on by default
     /// (docs/predictive.md, "Step plans").
     pub plan_steps: bool,
-    /// Re-plan an iteration of an input shape not seen before from the previous
-    /// iteration's trajectory with its bytes mapped to this one's (`tier::morph`).
+    /// Re-plan an iteration of an input shape not seen before from an earlier
+    /// iteration that agrees with it so far, its bytes mapped to this one's
+    /// (`tier::planned::morph`); on by default (docs/predictive.md, "Plans for a new
+    /// shape").
     pub plan_new_shapes: bool,
     /// Iterations of an input shape run without a plan while the last planned one of
     /// that shape stalled more per byte above the budget than the last one without

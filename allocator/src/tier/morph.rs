@@ -46,10 +46,11 @@
 use std::collections::HashMap;
 
 use crate::backend::DeviceBackend;
+use crate::tier::handle::TensorKey;
+use crate::tier::manager::TierManager;
+use crate::tier::schedule::{self, LoggedOp, OpUse, Plan, Trajectory};
 
-use super::handle::TensorKey;
-use super::manager::TierManager;
-use super::schedule::{self, LoggedOp, OpUse, Trajectory};
+use super::Planner;
 
 /// The iteration of `library` to morph `cur` from: of those longer than `cur` that
 /// agree with it on every operation logged, the one whose signature's bytes are
@@ -149,6 +150,54 @@ pub(crate) fn morph(cur: &Trajectory, prev: &Trajectory) -> Option<Trajectory> {
         span_us,
         ..Default::default()
     })
+}
+
+impl Planner {
+    /// The trajectory of the library iteration to follow, morphed to this one's (see
+    /// the module docs); `None` if none agrees with this iteration so far.
+    pub(crate) fn morph_trajectory(&mut self) -> Option<Trajectory> {
+        let i = source(&self.library, &self.sig, &self.cur)?;
+        self.morph_src = Some(i);
+        morph(&self.cur, &self.library[i].1)
+    }
+
+    /// Whether the operation just logged departs from the iteration the plan was
+    /// morphed from. O(1).
+    pub(super) fn morph_departs(&self) -> bool {
+        let Some(i) = self.morph_src else {
+            return false;
+        };
+        let Some(a) = self.cur.ops.last() else {
+            return false;
+        };
+        self.library[i]
+            .1
+            .ops
+            .get(self.cur.ops.len() - 1)
+            .is_none_or(|b| b.kind != a.kind || b.key != a.key)
+    }
+
+    /// No morphed plan now: the current plan stays.
+    pub(crate) fn stop_morph(&mut self) {
+        self.morph_now = false;
+        self.morph_src = None;
+    }
+
+    /// Installs a plan of a morphed trajectory as a re-plan by shape (see
+    /// [`rematch`](Self::rematch)); what the replaced plan spilled stays hidden where
+    /// the new plan moves it too.
+    pub(crate) fn install_morph(&mut self, mut plan: Plan) {
+        let pos = self.cur.ops.len().saturating_sub(1);
+        plan.moves.retain(|m| m.prefetch_at > pos);
+        self.pending_spills.clear();
+        let moves = &plan.moves;
+        self.held
+            .retain(|k| moves.iter().any(|m| m.key == *k && m.spill_after <= pos));
+        self.stats.replans += 1;
+        self.stats.new_shape_plans += 1;
+        self.morph_now = false;
+        self.install(plan);
+    }
 }
 
 impl<B: DeviceBackend> TierManager<B> {

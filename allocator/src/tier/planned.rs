@@ -65,9 +65,8 @@ use std::collections::HashSet;
 
 use crate::backend::DeviceBackend;
 
-use super::handle::{Place, TensorHandle, TensorKey};
+use super::handle::{TensorHandle, TensorKey};
 use super::manager::TierManager;
-use super::prefetch::PrefetchView;
 use super::schedule::{self, LinkModel, LoggedOp, OpUse, Plan, Trajectory};
 use super::TierError;
 
@@ -103,7 +102,7 @@ pub struct PlanStats {
     /// Plans of a period past the end of the plan's trajectory (`tier::steps`).
     pub step_plans: u64,
     /// Re-plans of an iteration of a new shape from an earlier one, morphed
-    /// (`tier::morph`; counted in `replans` too).
+    /// (`tier::planned::morph`; counted in `replans` too).
     pub new_shape_plans: u64,
 }
 
@@ -128,8 +127,8 @@ pub struct Planner {
     /// Past the end of the plan's trajectory, plan the period the iteration repeats
     /// (`tier::steps`).
     pub steps: bool,
-    /// Re-plan an iteration of a new shape from the previous iteration's trajectory,
-    /// its bytes mapped to this one's (`tier::morph`).
+    /// Re-plan an iteration of a new shape from an earlier iteration's trajectory, its
+    /// bytes mapped to this one's (`tier::planned::morph`).
     pub morph: bool,
     /// Re-plan by morphing at the next operation (this iteration's shape is new, or it
     /// departed from the iteration its plan was morphed from).
@@ -291,51 +290,6 @@ impl Planner {
         // longer hidden from the window prefetcher (its due prefetches stay due).
         self.pending_spills.clear();
         self.held.clear();
-        self.install(plan);
-    }
-
-    /// The previous iteration's trajectory morphed to this one's (`tier::morph`).
-    pub(crate) fn morph_trajectory(&mut self) -> Option<Trajectory> {
-        let i = super::morph::source(&self.library, &self.sig, &self.cur)?;
-        self.morph_src = Some(i);
-        super::morph::morph(&self.cur, &self.library[i].1)
-    }
-
-    /// Whether the operation just logged departs from the iteration the plan was
-    /// morphed from. O(1).
-    fn morph_departs(&self) -> bool {
-        let Some(i) = self.morph_src else {
-            return false;
-        };
-        let Some(a) = self.cur.ops.last() else {
-            return false;
-        };
-        self.library[i]
-            .1
-            .ops
-            .get(self.cur.ops.len() - 1)
-            .is_none_or(|b| b.kind != a.kind || b.key != a.key)
-    }
-
-    /// No morphed plan now: the current plan stays.
-    pub(crate) fn stop_morph(&mut self) {
-        self.morph_now = false;
-        self.morph_src = None;
-    }
-
-    /// Installs a plan of a morphed trajectory as a re-plan by shape (see
-    /// [`rematch`](Self::rematch)); what the replaced plan spilled stays hidden where
-    /// the new plan moves it too.
-    pub(crate) fn install_morph(&mut self, mut plan: Plan) {
-        let pos = self.cur.ops.len().saturating_sub(1);
-        plan.moves.retain(|m| m.prefetch_at > pos);
-        self.pending_spills.clear();
-        let moves = &plan.moves;
-        self.held
-            .retain(|k| moves.iter().any(|m| m.key == *k && m.spill_after <= pos));
-        self.stats.replans += 1;
-        self.stats.new_shape_plans += 1;
-        self.morph_now = false;
         self.install(plan);
     }
 
@@ -551,146 +505,6 @@ impl<B: DeviceBackend> TierManager<B> {
         self.plan_act()
     }
 
-    /// Issues the pending spills that can go and the due prefetches that fit.
-    pub(crate) fn plan_act(&mut self) -> Result<(), TierError> {
-        let Some(mut p) = self.planner.take() else {
-            return Ok(());
-        };
-        let r = self.plan_act_with(&mut p);
-        self.planner = Some(p);
-        r
-    }
-
-    fn plan_act_with(&mut self, p: &mut Planner) -> Result<(), TierError> {
-        self.plan_spills_with(p)?;
-        self.plan_prefetch_with(p)
-    }
-
-    fn plan_spills_with(&mut self, p: &mut Planner) -> Result<(), TierError> {
-        if !p.pending_spills.is_empty() {
-            let mut keep = Vec::new();
-            for d in std::mem::take(&mut p.pending_spills) {
-                let (key, bytes, drop) = (d.key, d.bytes, d.drop);
-                let Some(h) = self.resolve(key) else {
-                    p.stats.skipped += 1;
-                    continue;
-                };
-                let e = self.reg.get(h)?;
-                if e.bytes != bytes {
-                    p.stats.skipped += 1;
-                    continue;
-                }
-                match e.place {
-                    Place::Device { .. } if e.step == self.step || e.reader.is_some() => {
-                        keep.push(d);
-                    }
-                    Place::Device { .. } => {
-                        // A spill that cannot start (no host memory, no room in the
-                        // pinned pool under `early_spills_pinned`, a failed copy) is
-                        // dropped, not retried at every operation.
-                        if drop {
-                            // Only if the tensor may be dropped now (else skipped).
-                            if self.start_drop(h)? {
-                                p.stats.drops += 1;
-                            } else {
-                                p.stats.skipped += 1;
-                            }
-                        } else if self.prefer_drop_tensor(h)? {
-                            // The per-victim cost rule holds for the plan's victims too.
-                            if self.start_drop(h)? {
-                                p.stats.drops += 1;
-                            } else {
-                                p.stats.skipped += 1;
-                            }
-                        } else if self.start_spill(h, true)? {
-                            p.stats.spills += 1;
-                            if !p.passed.contains(&d.mv) {
-                                p.held.insert(key);
-                            }
-                        } else {
-                            p.stats.skipped += 1;
-                        }
-                    }
-                    _ => p.stats.skipped += 1,
-                }
-            }
-            p.pending_spills = keep;
-        }
-        Ok(())
-    }
-
-    fn plan_prefetch_with(&mut self, p: &mut Planner) -> Result<(), TierError> {
-        // Deferred wrapped moves are due as soon as the link in is idle with nothing of
-        // the plan left to bring back before them: every other move's prefetch point
-        // reached, nothing due, no copy in (in the optimizer's step, if the backward's
-        // copies are done by then), else from the next iteration's start. Cost: O(1)
-        // while a condition fails; at each operation at which all hold, a scan of the
-        // wrapped moves not due yet.
-        //
-        // Past the end of the trajectory the plan came from, the link in is idle
-        // because the plan has nothing more to say, not because this iteration is
-        // ending: the wrapped moves wait for the next iteration's start.
-        if !p.wrapped.is_empty()
-            && p.due.is_empty()
-            && p.next_prefetch == p.by_prefetch.len()
-            && self.pipe.in_bytes == 0
-            && !p.past_end()
-        {
-            let plan = &p.plan;
-            // The operation just logged (`record`'s position).
-            let pos = p.cur.ops.len().saturating_sub(1);
-            let (held, due) = (&mut p.held, &mut p.due);
-            p.wrapped.retain(|&i| {
-                let m = &plan.moves[i];
-                if m.prefetch_at > pos || !held.remove(&m.key) {
-                    // Not spilled yet (or skipped): looked at again.
-                    return true;
-                }
-                due.push((m.key, m.bytes));
-                false
-            });
-        }
-        if !p.due.is_empty() {
-            // The plan kept its trajectory under the cap; the high watermark leaves the
-            // room a late or early copy needs.
-            let limit = (self.cfg.high_watermark * self.cfg.budget as f64) as u64;
-            let mut i = 0;
-            while i < p.due.len() {
-                let (key, bytes) = p.due[i];
-                let Some(h) = self.resolve(key) else {
-                    p.due.remove(i);
-                    continue;
-                };
-                let e = self.reg.get(h)?;
-                match e.place {
-                    Place::Host { .. } if e.bytes == bytes => {
-                        let allocated = self.alloc.stats().allocated.current;
-                        if allocated + bytes > limit || !self.start_prefetch(h)? {
-                            // In plan order: wait for room.
-                            break;
-                        }
-                        p.stats.prefetches += 1;
-                        p.held.remove(&key);
-                        p.due.remove(i);
-                    }
-                    // Still on its way out, or its spill still waits to start (a pin):
-                    // keep it due, to bring it back once it is out.
-                    Place::SpillingOut { .. } => i += 1,
-                    Place::Device { .. } if p.pending_spills.iter().any(|d| d.key == key) => i += 1,
-                    _ => {
-                        p.due.remove(i);
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The tensor a key names now.
-    fn resolve(&self, key: TensorKey) -> Option<TensorHandle> {
-        self.view().lookup(key).map(|(h, _, _)| h)
-    }
-
     /// Whether the window prefetcher must leave `h` alone (spilled by the plan, not
     /// due yet).
     pub(crate) fn plan_holds(&self, h: TensorHandle) -> bool {
@@ -793,6 +607,11 @@ impl<B: DeviceBackend> TierManager<B> {
         p.morph_src = None;
     }
 }
+
+#[path = "planned_act.rs"]
+mod act;
+#[path = "morph.rs"]
+mod morph;
 
 #[cfg(test)]
 #[path = "planned_tests.rs"]

@@ -91,7 +91,7 @@ pub struct TierReport {
     /// plan's trajectory (`tier::steps`).
     pub planned_step_plans: u64,
     /// Re-plans of an iteration of a shape not seen before from an earlier iteration,
-    /// its bytes mapped (`tier::morph`; counted in `planned_replans` too).
+    /// its bytes mapped (`tier::planned::morph`; counted in `planned_replans` too).
     pub planned_new_shape_plans: u64,
     /// Planned moves skipped at run time (the tensor gone, elsewhere, or of other
     /// bytes than planned).
