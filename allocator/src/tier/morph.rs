@@ -34,8 +34,9 @@
 //! Measured and not kept (docs/predictive.md, "Plans for a new shape"): re-planning
 //! at every eighth of the iteration as the bytes become known (the moves each re-plan
 //! adds in the past go at once, in a burst, and the early estimates spilled too much),
-//! mapping unknown sizes at a ratio of 1, and dropping the plan where the iteration
-//! departs with no library iteration to follow.
+//! mapping unknown sizes at a ratio of 1, dropping the plan where the iteration
+//! departs with no library iteration to follow, and re-planning where an allocation's
+//! bytes differ from the estimate.
 //!
 //! Cost: O(L n) to choose the earlier iteration (`L` <= 8 iterations of the library,
 //! `n` operations logged), O(N) to build the trajectory of the earlier iteration's `N`
