@@ -481,6 +481,21 @@ fn settings_that_switch_predictive_mode_on_are_labelled_and_their_forecaster_run
     );
 }
 
+/// `memcast replay TRACE --policy predictive --budget 60% --json` with `extra`.
+fn predictive_60(t: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "replay",
+        t,
+        "--policy",
+        "predictive",
+        "--budget",
+        "60%",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    json(&args)
+}
+
 /// Step plans through the CLI: on GPT-2 medium generation at 60% the predictive
 /// tiers plan the token steps past the end of an iteration plan (the JSON counts
 /// them) and their prefetches hit more often; `--no-step-plans` turns them off.
@@ -490,20 +505,10 @@ fn step_plans_are_reported_and_can_be_turned_off() {
         .join("training-data/corpus/train/gpt2_medium_generate_dynamic.mctrace")
         .to_string_lossy()
         .into_owned();
-    let run = |extra: &[&str]| {
-        let mut args = vec![
-            "replay",
-            &t,
-            "--policy",
-            "predictive",
-            "--budget",
-            "60%",
-            "--json",
-        ];
-        args.extend_from_slice(extra);
-        json(&args)
-    };
-    let (on, off) = (run(&[]), run(&["--no-step-plans"]));
+    let (on, off) = (
+        predictive_60(&t, &[]),
+        predictive_60(&t, &["--no-step-plans"]),
+    );
     let plans = |v: &serde_json::Value| v["planned_step_plans"].as_u64().unwrap();
     let hits = |v: &serde_json::Value| v["prefetch_hit_rate"].as_f64().unwrap();
     assert!(plans(&on) > 0, "{on}");
@@ -523,20 +528,10 @@ fn step_plans_are_reported_and_can_be_turned_off() {
 #[test]
 fn new_shape_plans_are_reported_and_can_be_turned_off() {
     let t = bundled("gpt2_dynbatch_s512_train_bf16");
-    let run = |extra: &[&str]| {
-        let mut args = vec![
-            "replay",
-            &t,
-            "--policy",
-            "predictive",
-            "--budget",
-            "60%",
-            "--json",
-        ];
-        args.extend_from_slice(extra);
-        json(&args)
-    };
-    let (on, off) = (run(&[]), run(&["--no-new-shape-plans"]));
+    let (on, off) = (
+        predictive_60(&t, &[]),
+        predictive_60(&t, &["--no-new-shape-plans"]),
+    );
     let plans = |v: &serde_json::Value| v["planned_new_shape_plans"].as_u64().unwrap();
     let stall = |v: &serde_json::Value| v["stall_overhead"].as_f64().unwrap();
     assert!(plans(&on) > 0, "{on}");

@@ -330,8 +330,7 @@ mod tests {
         morph: bool,
         iterations: &[(u64, Option<usize>)],
     ) -> crate::tier::TierManager<crate::tier::tests::TestBackend> {
-        use crate::tier::manager::TensorOpts;
-        use crate::tier::tests::{manager, pattern, read, write};
+        use crate::tier::tests::{forward_backward, manager};
         let (mut m, _) = manager(seed);
         let mut p = crate::tier::planned::Planner::new(0.8, None);
         p.morph = morph;
@@ -344,20 +343,7 @@ mod tests {
             if let Some(i) = extra {
                 sizes.insert(4 + (i % 12) + 1, 8 << 10);
             }
-            let mut live = Vec::new();
-            for (i, &b) in sizes.iter().enumerate() {
-                let h = m.register(b, TensorOpts::default()).unwrap();
-                let data = pattern(it * 100 + i as u64, b);
-                write(&mut m, h, &data).unwrap();
-                m.end_step();
-                live.push((h, data));
-            }
-            while let Some((h, data)) = live.pop() {
-                assert_eq!(read(&mut m, h).unwrap(), data, "iteration {it}");
-                m.end_step();
-                m.free(h).unwrap();
-                m.check_invariants().unwrap();
-            }
+            forward_backward(&mut m, it, &sizes);
             m.iteration_boundary().unwrap();
         }
         m

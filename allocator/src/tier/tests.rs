@@ -237,6 +237,26 @@ pub(super) fn read(
     Ok(out)
 }
 
+/// One training step of `sizes`: each tensor registered and written in a step of its
+/// own (the forward), then read back, checked and freed in reverse order (the
+/// backward), the manager's invariants checked after every free; `it` seeds the data.
+pub(super) fn forward_backward(m: &mut TierManager<TestBackend>, it: u64, sizes: &[u64]) {
+    let mut live = Vec::new();
+    for (i, &b) in sizes.iter().enumerate() {
+        let h = m.register(b, TensorOpts::default()).unwrap();
+        let data = pattern(it * 100 + i as u64, b);
+        write(m, h, &data).unwrap();
+        m.end_step();
+        live.push((h, data));
+    }
+    while let Some((h, data)) = live.pop() {
+        assert_eq!(read(m, h).unwrap(), data, "iteration {it}");
+        m.end_step();
+        m.free(h).unwrap();
+        m.check_invariants().unwrap();
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Cmd {
     Alloc(u64),
@@ -738,20 +758,12 @@ fn an_iteration_of_a_known_shape_is_planned_from_the_last_of_that_shape() {
         let shape = shapes[(it % 2) as usize];
         // A forward of the shape's inputs and twelve 128 KiB activations (about 2 MiB
         // with the inputs: over the 1.6 MiB cap), then a backward reading them.
-        let mut live = Vec::new();
-        for (i, &b) in shape.iter().chain([128 << 10; 12].iter()).enumerate() {
-            let h = m.register(b, TensorOpts::default()).unwrap();
-            let data = pattern(it * 100 + i as u64, b);
-            write(&mut m, h, &data).unwrap();
-            m.end_step();
-            live.push((h, data));
-        }
-        while let Some((h, data)) = live.pop() {
-            assert_eq!(read(&mut m, h).unwrap(), data, "iteration {it}");
-            m.end_step();
-            m.free(h).unwrap();
-            m.check_invariants().unwrap();
-        }
+        let sizes: Vec<u64> = shape
+            .iter()
+            .chain([128 << 10; 12].iter())
+            .copied()
+            .collect();
+        forward_backward(&mut m, it, &sizes);
         m.iteration_boundary().unwrap();
     }
     let s = &m.planner().unwrap().stats;
