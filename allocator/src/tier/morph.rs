@@ -53,6 +53,12 @@ use crate::tier::schedule::{self, LoggedOp, OpUse, Plan, Trajectory};
 
 use super::Planner;
 
+/// Whether two logged operations are the same operation of two iterations (the
+/// alignment the module docs describe): of one kind, on the same tensor key.
+fn same_op(a: &LoggedOp, b: &LoggedOp) -> bool {
+    a.kind == b.kind && a.key == b.key
+}
+
 /// The iteration of `library` to morph `cur` from: of those longer than `cur` that
 /// agree with it on every operation logged, the one whose signature's bytes are
 /// nearest (by ratio) to `sig`'s, the most recent of equals. O(L n).
@@ -68,12 +74,7 @@ pub(crate) fn source(
         .iter()
         .enumerate()
         .filter(|(_, (_, t))| {
-            t.ops.len() > n
-                && cur
-                    .ops
-                    .iter()
-                    .zip(&t.ops)
-                    .all(|(a, b)| a.kind == b.kind && a.key == b.key)
+            t.ops.len() > n && cur.ops.iter().zip(&t.ops).all(|(a, b)| same_op(a, b))
         })
         .min_by(|(i, (a, _)), (j, (b, _))| {
             let da = (total(a) / own).ln().abs();
@@ -95,7 +96,7 @@ pub(crate) fn morph(cur: &Trajectory, prev: &Trajectory) -> Option<Trajectory> {
     let mut size_map: HashMap<u64, u64> = HashMap::new();
     let (mut old_sum, mut new_sum) = (0u128, 0u128);
     for (a, b) in cur.ops.iter().zip(&prev.ops) {
-        if a.kind != b.kind || a.key != b.key {
+        if !same_op(a, b) {
             return None;
         }
         if a.kind == OpUse::Alloc {
@@ -118,25 +119,27 @@ pub(crate) fn morph(cur: &Trajectory, prev: &Trajectory) -> Option<Trajectory> {
     } else {
         1.0
     };
+    // A future size: as this iteration allocated it where `prev` did, else scaled.
+    let estimate = |b: u64| {
+        size_map
+            .get(&b)
+            .copied()
+            .unwrap_or_else(|| ((b as f64 * ratio).round() as u64).max(1))
+    };
     let mut ops = Vec::with_capacity(prev.ops.len());
     ops.extend_from_slice(&cur.ops);
     for op in &prev.ops[n..] {
         let bytes = match (op.kind, op.key) {
             (_, TensorKey::Persistent(_)) => op.bytes,
             (OpUse::Alloc, key) => {
-                let b = size_map
-                    .get(&op.bytes)
-                    .copied()
-                    .unwrap_or_else(|| ((op.bytes as f64 * ratio).round() as u64).max(1));
+                let b = estimate(op.bytes);
                 key_bytes.insert(key, b);
                 b
             }
-            (_, key) => key_bytes.get(&key).copied().unwrap_or_else(|| {
-                size_map
-                    .get(&op.bytes)
-                    .copied()
-                    .unwrap_or_else(|| ((op.bytes as f64 * ratio).round() as u64).max(1))
-            }),
+            (_, key) => key_bytes
+                .get(&key)
+                .copied()
+                .unwrap_or_else(|| estimate(op.bytes)),
         };
         ops.push(LoggedOp {
             bytes,
@@ -175,7 +178,7 @@ impl Planner {
             .1
             .ops
             .get(self.cur.ops.len() - 1)
-            .is_none_or(|b| b.kind != a.kind || b.key != a.key)
+            .is_none_or(|b| !same_op(a, b))
     }
 
     /// No morphed plan now: the current plan stays.
@@ -191,9 +194,13 @@ impl Planner {
         let pos = self.cur.ops.len().saturating_sub(1);
         plan.moves.retain(|m| m.prefetch_at > pos);
         self.pending_spills.clear();
-        let moves = &plan.moves;
-        self.held
-            .retain(|k| moves.iter().any(|m| m.key == *k && m.spill_after <= pos));
+        let moved: std::collections::HashSet<TensorKey> = plan
+            .moves
+            .iter()
+            .filter(|m| m.spill_after <= pos)
+            .map(|m| m.key)
+            .collect();
+        self.held.retain(|k| moved.contains(k));
         self.stats.replans += 1;
         self.stats.new_shape_plans += 1;
         self.morph_now = false;
